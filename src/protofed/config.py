@@ -1,0 +1,165 @@
+"""The experiment config: typed, validated, and settable key by key from the command line.
+
+A config is YAML with five sections (data, model, algorithm, train, eval) plus `seed`. Every
+key can be overridden with `-s section.key=value`; values are parsed as YAML scalars, so
+`-s train.lr=0.01` is a float and `-s data.channels=[0,1,2]` a list. Unknown keys and wrong
+types are errors that name the key. Algorithm hyperparameters live under `algorithm.` and are
+validated by the algorithm's own typed model (see `protofed.algorithms`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protofed.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    name: str = "digits"
+    partition: Literal["iid", "dirichlet", "pathological", "natural", "mixed"] = "dirichlet"
+    num_clients: int = Field(10, ge=1)
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (label skew).")
+    classes_per_client: int = Field(2, ge=1, description="pathological / mixed: classes per client.")
+    min_size: int = Field(10, ge=1, description="dirichlet: minimum samples per client.")
+    max_retries: int = Field(100, ge=1, description="dirichlet: redraws before giving up.")
+    channels: str | list[int | str] = Field(
+        "default", description="Sensor channels: 'default', 'all', or a list of names/indices."
+    )
+    split: tuple[float, float, float] = Field(
+        (0.7, 0.1, 0.2), description="Per-client train/val/test fractions (stratified)."
+    )
+    path: str | None = Field(None, description="arrays: .npz, .csv or .parquet file.")
+    label_column: str = "label"
+    group_column: str | None = None
+    image_size: int | None = Field(None, ge=4, description="Resize images to this side.")
+    dir: str | None = Field(None, description="Data root; else PROTOFED_DATA; else a cache dir.")
+
+    @field_validator("split")
+    @classmethod
+    def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(f < 0 for f in v) or abs(sum(v) - 1.0) > 1e-6 or v[0] <= 0 or v[2] <= 0:
+            raise ValueError("train/val/test fractions must be >= 0, sum to 1, with train and test > 0")
+        return v
+
+
+class ModelConfig(_Section):
+    name: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [200, 200], description="mlp hidden sizes.")
+    embedding_dim: int | None = Field(None, ge=1, description="Embedding size where configurable.")
+
+
+class AlgorithmConfig(BaseModel):
+    """`name` plus the algorithm's own hyperparameters (validated by the algorithm)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedavg"
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class TrainConfig(_Section):
+    rounds: int = Field(20, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    client_fraction: float = Field(1.0, gt=0, le=1)
+    clients_per_round: int | None = Field(None, ge=1, description="Overrides client_fraction.")
+    device: str = "cpu"
+    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores.")
+    checkpoint_every: int = Field(1, ge=1)
+
+
+class EvalConfig(_Section):
+    every: int = Field(1, ge=1)
+    selection: Literal["val", "best_test", "last"] = "val"
+    metric: Literal["f1", "acc"] = Field("f1", description="Metric the selection rule maximises.")
+    generalization: bool = Field(True, description="Evaluate each client model on all test data.")
+    batch_size: int = Field(1024, ge=1)
+
+
+class ExperimentConfig(_Section):
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "config"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{key}'"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return f"invalid value for '{key}': {first['msg']}{shown}"
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` overrides to a nested dict, in order."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override key '{key}' is malformed")
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{key}': '{part}' is not a section")
+            node = child
+        node[parts[-1]] = _parse_scalar(text)
+    return raw
+
+
+def load_raw(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return raw
+
+
+def build_config(raw: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read YAML (or start from defaults), apply overrides, validate."""
+    raw = apply_overrides(load_raw(path), overrides or [])
+    return build_config(raw)

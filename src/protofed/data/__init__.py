@@ -1,0 +1,1 @@
+"""Data: loaders (one per source), partitioners, and per-client splits."""

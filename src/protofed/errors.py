@@ -1,0 +1,10 @@
+"""User-facing errors.
+
+Anything the user can fix (a config key, a file path, a shape) raises `ConfigError`; the CLI
+prints its message on one line and exits with code 2. Everything else is a bug and keeps its
+traceback.
+"""
+
+
+class ConfigError(ValueError):
+    """A problem in the user's input: config, data file, or command line."""
