@@ -1,0 +1,103 @@
+"""Body shared, head local: the mechanics of FedPer, FedRep (and FedBABU, FedRoD).
+
+Every `FedModel` names its tensors `features.*` (the body, or representation) and `head.*`
+(the classifier). Methods that personalize the head send and average only the body and keep
+each client's head in its state. The split is by the first name component, for parameters
+and buffers alike (a BatchNorm's running statistics go with the part their module belongs
+to); anything not under `head.` counts as body, so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.base import Algorithm, Arrays, Reply
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+HEAD = "head"
+
+
+def is_head(name: str) -> bool:
+    """Whether a parameter or buffer name belongs to the classifier head."""
+    return name.split(".", 1)[0] == HEAD
+
+
+def _names(source: nn.Module | Mapping[str, object] | Iterable[str]) -> list[str]:
+    if isinstance(source, nn.Module):
+        return list(source.state_dict().keys())
+    return list(source)
+
+
+def head_names(source: nn.Module | Mapping[str, object] | Iterable[str]) -> list[str]:
+    """Head names (parameters and buffers) of a model, of a mapping of arrays, or of names."""
+    return [n for n in _names(source) if is_head(n)]
+
+
+def body_names(source: nn.Module | Mapping[str, object] | Iterable[str]) -> list[str]:
+    """Body names (everything that is not the head), in the source's order."""
+    return [n for n in _names(source) if not is_head(n)]
+
+
+def split_arrays(arrays: Arrays) -> tuple[Arrays, Arrays]:
+    """(body, head) of a flat mapping of arrays; the tensors are shared, not copied."""
+    body: Arrays = {}
+    head: Arrays = {}
+    for name, tensor in arrays.items():
+        (head if is_head(name) else body)[name] = tensor
+    return body, head
+
+
+def head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The head's trainable tensors, for `Client.train_model(parameters=...)`."""
+    return [p for n, p in model.named_parameters() if is_head(n)]
+
+
+def body_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The body's trainable tensors, for `Client.train_model(parameters=...)`."""
+    return [p for n, p in model.named_parameters() if not is_head(n)]
+
+
+class HeadLocalAlgorithm(Algorithm):
+    """Base for methods whose server holds only the body and whose clients keep their heads.
+
+    The server state and every message are the body; replies are the trained body, averaged
+    by sample count; the client state is the client's head (the initial head before its first
+    round). The personalized model is the received body plus the client's head. There is no
+    global model: a body without a head cannot classify. Subclasses write `fit` with
+    `start` (load body + head into the workspace) and `finish` (split what was trained).
+    """
+
+    has_global_model = False
+
+    def init_server(self) -> Arrays:
+        body, _ = split_arrays(self.setting.init_model)
+        return dict(body)
+
+    def local_head(self, state: Arrays) -> Arrays:
+        """The client's head: from its state, or the initial head if it never trained."""
+        if state:
+            return state
+        _, head = split_arrays(self.setting.init_model)
+        return head
+
+    def start(self, client: Client, message: Arrays, state: Arrays) -> None:
+        """Load the received body and the client's own head into the workspace model."""
+        client.load(message)
+        client.load(self.local_head(state))
+
+    def finish(self, client: Client) -> tuple[Arrays, Arrays]:
+        """(body to send, head to keep), copied out of the workspace model."""
+        return split_arrays(client.weights())
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        body, _ = weighted_mean(replies)
+        return body
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return {**message, **self.local_head(state)}

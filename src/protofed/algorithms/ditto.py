@@ -1,0 +1,70 @@
+"""Ditto (Li et al., ICML 2021): a global model by FedAvg, plus a regularized personal model.
+
+Each selected client (1) trains the received global model w as FedAvg does and sends it
+back, and (2) trains its personal model v, kept in its state, on  CE(v) + lam/2 *
+||v - w||^2,  where w is the global model received this round (Algorithm 1 of the paper).
+The paper tunes lambda over {0.01, 0.1, 1, 2}; the default here is 0.1. A client's personal
+model starts from the global model it receives in its first round (the initial weights when
+every client takes part in round 1). Evaluation uses v; the global model is the server's w.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms._regularizers import parameter_snapshot, proximal_loss
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    summary = "FedAvg global model plus per-client models pulled toward it by lam/2*||v - w||^2."
+    reference = (
+        "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
+    )
+    has_global_model = True
+
+    class Params(Hyperparams):
+        lam: float = Field(
+            0.1,
+            ge=0,
+            description="Ditto's lambda: pull of the personal model to the global one "
+            "(paper grid {0.01, 0.1, 1, 2}); 0 is local training of v.",
+        )
+        personal_epochs: int | None = Field(
+            None,
+            ge=1,
+            description="Epochs on the personal model per round; None: train.local_epochs.",
+        )
+
+    params: Params
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        # (1) the global model, as FedAvg
+        client.load(message)
+        anchor = parameter_snapshot(client.model)  # w^t, as received
+        metrics = client.train_model()
+        reply = client.weights()
+        # (2) the personal model, regularized toward w^t
+        client.load(state if state else message)
+        personal = client.train_model(
+            epochs=self.params.personal_epochs, loss_fn=proximal_loss(anchor, self.params.lam)
+        )
+        metrics["personal_loss"] = personal["loss"]
+        metrics["personal_steps"] = personal["steps"]
+        metrics["num_examples"] = float(client.num_examples)
+        return reply, metrics, client.weights()
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        model, _ = weighted_mean(replies)
+        return model
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return state if state else message

@@ -1,0 +1,62 @@
+"""FedRep (Collins et al., ICML 2021): shared representation, local heads, trained in turn.
+
+Each round a client loads the received body and its own head, trains the head alone for
+`head_epochs` with the body frozen, then the body alone for `body_epochs` with the head
+frozen. Only the body is sent and averaged; the head stays with the client. The paper uses
+10 epochs for the head and fewer (typically 1) for the representation; here the body
+defaults to `train.local_epochs`. No global model: a body without a head cannot classify.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from protofed.algorithms._split import HeadLocalAlgorithm, body_parameters, head_parameters
+from protofed.algorithms.base import Arrays, Hyperparams, Metrics
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+class FedRep(HeadLocalAlgorithm):
+    name = "fedrep"
+    summary = "Shared body, local heads: train the head (body frozen), then the body (head frozen)."
+    reference = (
+        "Collins et al., Exploiting Shared Representations for Personalized Federated "
+        "Learning, ICML 2021"
+    )
+    has_global_model = False
+
+    class Params(Hyperparams):
+        head_epochs: int = Field(
+            10, ge=0, description="Epochs training the local head, body frozen (paper: 10)."
+        )
+        body_epochs: int | None = Field(
+            None,
+            ge=0,
+            description="Epochs training the shared body, head frozen; None: train.local_epochs.",
+        )
+
+    params: Params
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        self.start(client, message, state)
+        model = client.model
+        head_epochs = self.params.head_epochs
+        body_epochs = self.params.body_epochs
+        if body_epochs is None:
+            body_epochs = client.train.local_epochs
+        metrics: Metrics = {"steps": 0.0}
+        if head_epochs > 0:
+            m = client.train_model(epochs=head_epochs, parameters=head_parameters(model))
+            metrics["head_loss"] = metrics["loss"] = m["loss"]
+            metrics["steps"] += m["steps"]
+        if body_epochs > 0:
+            m = client.train_model(epochs=body_epochs, parameters=body_parameters(model))
+            metrics["body_loss"] = metrics["loss"] = m["loss"]
+            metrics["steps"] += m["steps"]
+        metrics["num_examples"] = float(client.num_examples)
+        body, head = self.finish(client)
+        return body, metrics, head

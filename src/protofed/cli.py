@@ -1,0 +1,205 @@
+"""The command line: `protofed run`, `list`, `report`, `partition`.
+
+User errors print one line on stderr and exit with code 2; nothing is written before the
+config, the data and the model have all been validated.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from protofed.errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Personalized federated learning on heterogeneous real-world data.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _config(config: Path | None, overrides: list[str], data_dir: Path | None):
+    from protofed.config import load_config
+
+    extra = list(overrides)
+    if data_dir is not None:
+        extra.append(f"data.dir={data_dir}")
+    return load_config(config, extra)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def print_summary(summary: dict, run_dir: Path | None = None) -> None:
+    sel = summary["selected"]
+    table = Table(
+        title=f"{summary['algorithm']} on {summary['dataset']}: "
+        f"{summary['num_clients']} clients, {summary['rounds']} rounds",
+        caption=f"%, mean ± std across clients; last = round {summary['final']['round']}, "
+        f"sel = round {sel['round']} ({sel['rule']} rule)",
+    )
+    table.add_column("score", no_wrap=True)
+    for when in ("last", "sel"):
+        table.add_column(f"{when} acc", justify="right", no_wrap=True)
+        table.add_column(f"{when} F1", justify="right", no_wrap=True)
+    for key in ("personalization", "generalization", "global"):
+        cells = []
+        for part in (summary["final"][key], sel[key]):
+            if part is None:
+                cells += ["-", "-"]
+            else:
+                cells += [_pct(part["acc"]), f"{_pct(part['f1'])} ± {_pct(part['f1_std'])}"]
+        table.add_row(key, *cells)
+    console.print(table)
+    t, c = summary["time"], summary["comm"]
+    console.print(
+        f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "
+        f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB",
+        highlight=False,
+    )
+    if run_dir is not None:
+        console.print(f"run directory: {run_dir}", highlight=False)
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Argument(help="Experiment YAML (defaults if omitted).")] = None,
+    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory.")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
+    resume_dir: Annotated[Path | None, typer.Option("--resume", help="Continue a killed run.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty --out.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Run one experiment and write its run directory."""
+    from protofed.runtime.simulation import resume, start
+
+    try:
+        if resume_dir is not None:
+            if config is not None or set_:
+                raise ConfigError("--resume takes the run directory's own config; drop CONFIG and -s")
+            from protofed.runs import RunDir
+
+            existing = RunDir.open(resume_dir)
+            if existing.complete:
+                console.print(f"{resume_dir} is already complete.")
+                print_summary(existing.read_json("summary.json"), resume_dir)
+                return
+            sim = resume(resume_dir)
+            out = resume_dir
+        else:
+            cfg = _config(config, set_, data_dir)
+            if out is None:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
+            sim = start(cfg, out, overwrite=force)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+
+    total = sim.cfg.train.rounds
+    show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+        console=err_console, disable=not show, transient=False,
+    ) as bar:
+        task = bar.add_task(sim.cfg.algorithm.name, total=total, completed=sim.progress.round,
+                            status="")
+
+        def on_round(r: int, info: dict, record: dict | None) -> None:
+            status = ""
+            if record is not None:
+                status = f"pers F1 {_pct(record['personalization']['f1'])}"
+            bar.update(task, completed=r, status=status)
+
+        summary = sim.run(on_round=on_round)
+    print_summary(summary, out)
+
+
+@app.command("list")
+def list_() -> None:
+    """Every algorithm, data set, partitioner and model, one line each."""
+    from protofed.algorithms import ALGORITHMS
+    from protofed.data import DATASETS, PARTITIONERS
+    from protofed.models import MODELS
+
+    for title, items in (
+        ("algorithms", {k: v.summary for k, v in ALGORITHMS.items()}),
+        ("datasets", {k: v.description for k, v in DATASETS.items()}),
+        ("partitioners", {k: v[0] if isinstance(v, tuple) else v.description
+                          for k, v in PARTITIONERS.items()}),
+        ("models", {k: v.description for k, v in MODELS.items()}),
+    ):
+        table = Table(title=title, show_header=False, box=None, title_justify="left")
+        table.add_column(style="bold cyan")
+        table.add_column()
+        for name, line in items.items():
+            table.add_row(name, line)
+        console.print(table)
+
+
+@app.command()
+def report(
+    dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT.md and OUT.csv.")] = Path("report"),
+    which: Annotated[str, typer.Option(help="'selected' round or 'final' round.")] = "selected",
+) -> None:
+    """Compare finished runs: a table printed, and written as Markdown and CSV."""
+    from protofed.report import COLUMNS, _fmt, collect, to_csv, to_markdown
+
+    try:
+        rows = collect(dirs, which)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    table = Table(title=f"{which} round; scores in % (mean over clients)")
+    for c in COLUMNS:
+        table.add_column(c, justify="left" if c in ("run", "algorithm", "dataset") else "right")
+    for r in rows:
+        table.add_row(*[_fmt(r[c], c) for c in COLUMNS])
+    console.print(table)
+    md, csv_path = out.with_suffix(".md"), out.with_suffix(".csv")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(to_markdown(rows))
+    csv_path.write_text(to_csv(rows))
+    console.print(f"wrote {md} and {csv_path}", highlight=False)
+
+
+@app.command()
+def partition(
+    config: Annotated[Path | None, typer.Argument(help="Experiment YAML.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
+) -> None:
+    """Print the clients x classes count matrix of a config's partition (no training)."""
+    from protofed.data import build_federated
+
+    try:
+        cfg = _config(config, set_, data_dir)
+        fed = build_federated(cfg.data, cfg.seed)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    console.print(fed.counts_table(), highlight=False)
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,218 @@
+"""Partitioners: which samples each simulated client holds.
+
+Every partitioner takes the whole `Dataset` and a seeded generator and returns one sorted array
+of sample indices per client; the arrays are disjoint. All randomness comes from the generator
+passed in, so a partition is a pure function of (config, data set, seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from protofed.config import DataConfig
+from protofed.data.types import Dataset
+from protofed.errors import ConfigError
+
+Partitioner = Callable[[DataConfig, Dataset, np.random.Generator], list[np.ndarray]]
+
+
+def _finish(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def _check_classes_per_client(cfg: DataConfig, present: np.ndarray, dataset: Dataset) -> None:
+    if cfg.classes_per_client > len(present):
+        raise ConfigError(
+            f"data.classes_per_client={cfg.classes_per_client} exceeds the {len(present)} classes "
+            f"present in {dataset.name} (num_classes={dataset.num_classes})"
+        )
+
+
+def _require_groups(dataset: Dataset, partition: str) -> np.ndarray:
+    if dataset.groups is None:
+        raise ConfigError(
+            f"data set {dataset.name} has no natural groups; use iid/dirichlet/pathological "
+            f"instead of data.partition={partition}"
+        )
+    return dataset.groups
+
+
+def iid(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """Uniform random split into num_clients near-equal parts (the homogeneous baseline)."""
+    return _finish(np.array_split(rng.permutation(len(dataset)), cfg.num_clients))
+
+
+def dirichlet(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """Label skew: each class is spread over clients with proportions ~ Dir(alpha).
+
+    This is the NIID-Bench / PFLlib procedure the papers use: a client that already holds its
+    1/num_clients share stops receiving samples (keeps sizes comparable), and the whole draw is
+    repeated until every client has at least min_size samples, at most max_retries times.
+    """
+    n, k = len(dataset), cfg.num_clients
+    if k * cfg.min_size > n:
+        raise _dirichlet_error(cfg, n, "cannot give")
+    by_class = [np.flatnonzero(dataset.y == c) for c in np.unique(dataset.y)]
+    cap = n / k
+    for _ in range(cfg.max_retries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+        sizes = np.zeros(k)
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(k, cfg.alpha))
+            p = p * (sizes < cap)
+            p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            for client, chunk in enumerate(np.split(idx, cuts)):
+                parts[client].append(chunk)
+                sizes[client] += len(chunk)
+        if sizes.min() >= cfg.min_size:
+            return _finish([np.concatenate(p) for p in parts])
+    raise _dirichlet_error(cfg, n, "could not give")
+
+
+def _dirichlet_error(cfg: DataConfig, n: int, what: str) -> ConfigError:
+    why = (
+        f"in data.max_retries={cfg.max_retries} draws"
+        if what == "could not give"
+        else "at any draw"
+    )
+    return ConfigError(
+        f"dirichlet partition {what} each of data.num_clients={cfg.num_clients} clients "
+        f"data.min_size={cfg.min_size} of the {n} samples with data.alpha={cfg.alpha} {why}; "
+        "raise data.alpha or lower data.num_clients / data.min_size"
+    )
+
+
+def _shard_counts(sizes: np.ndarray, total: int, cap: int) -> np.ndarray:
+    """Shards per class: proportional to class size (largest quotient), each class >= 1 shard
+    when there are enough shards, and <= cap so one class need not repeat within a client."""
+    counts = np.zeros(len(sizes), dtype=np.int64)
+    if total >= len(sizes):
+        counts[:] = 1
+    limit = np.minimum(cap, sizes)
+    for _ in range(total - int(counts.sum())):
+        room = counts < limit
+        if not room.any():  # distinct classes are impossible: relax the cap to the class size
+            room = counts < sizes
+            limit = sizes
+        score = np.where(room, sizes / (counts + 1), -1.0)
+        counts[int(np.argmax(score))] += 1
+    return counts
+
+
+def _repair_duplicates(cls: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Swap shards between clients until no client holds one class twice, where possible.
+
+    A swap removes a duplicate from client i and creates none (the partner lacks the class it
+    receives, and i lacks the one it gets back), so one pass over the clients suffices.
+    Returns the permutation of shard slots (row-major over `cls`, which is updated in place).
+    """
+    k, s = cls.shape
+    slots = np.arange(k * s).reshape(k, s)
+    for i in range(k):
+        while True:
+            vals, counts = np.unique(cls[i], return_counts=True)
+            if (counts <= 1).all():
+                break
+            ca = vals[np.argmax(counts > 1)]
+            a = int(np.flatnonzero(cls[i] == ca)[1])
+            ok = ~(cls == ca).any(axis=1)[:, None] & ~np.isin(cls, cls[i])
+            cand = np.argwhere(ok)
+            if len(cand) == 0:
+                break  # no swap can help: this client keeps a repeated class
+            j, b = cand[rng.integers(len(cand))]
+            cls[i, a], cls[j, b] = cls[j, b], cls[i, a]
+            slots[i, a], slots[j, b] = slots[j, b], slots[i, a]
+    return slots.reshape(-1)
+
+
+def pathological(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al.'s shards: each client gets classes_per_client shards of distinct classes.
+
+    Shards are cut within a class (so a client sees exactly classes_per_client labels), their
+    number per class is proportional to the class size, they are dealt at random, and clashes
+    (two shards of one class on a client) are swapped away. If num_clients*classes_per_client
+    is smaller than the number of classes, the classes left without a shard are not used.
+    """
+    k, per = cfg.num_clients, cfg.classes_per_client
+    present = np.unique(dataset.y)
+    _check_classes_per_client(cfg, present, dataset)
+    order = rng.permutation(present)
+    by_class = [rng.permutation(np.flatnonzero(dataset.y == c)) for c in order]
+    sizes = np.array([len(i) for i in by_class])
+    total = k * per
+    if total > sizes.sum():
+        raise ConfigError(
+            f"pathological partition needs {total} shards (data.num_clients x "
+            f"data.classes_per_client) but {dataset.name} has only {sizes.sum()} samples"
+        )
+    counts = _shard_counts(sizes, total, cap=k)
+    shards, shard_cls = [], []
+    for c, (idx, m) in enumerate(zip(by_class, counts, strict=True)):
+        for chunk in np.array_split(idx, m) if m else []:
+            shards.append(chunk)
+            shard_cls.append(c)
+    deal = rng.permutation(total)
+    cls = np.asarray(shard_cls)[deal].reshape(k, per)
+    slots = _repair_duplicates(cls, rng)
+    dealt = deal[slots].reshape(k, per)
+    return _finish([np.concatenate([shards[s] for s in row]) for row in dealt])
+
+
+def natural(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """One client per natural group (subject, user, writer, domain); num_clients is ignored."""
+    groups = _require_groups(dataset, "natural")
+    return _finish([np.flatnonzero(groups == g) for g in np.unique(groups)])
+
+
+def mixed(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """PFPL's mixed heterogeneity: one domain and classes_per_client classes per client.
+
+    Domains are dealt round-robin in a seeded random order (every domain is used once there are
+    at least as many clients as domains); each client then draws its classes among those its
+    domain has, and the samples of each (domain, class) pair are split evenly among the clients
+    that drew it. Pairs nobody drew are left out.
+    """
+    groups = _require_groups(dataset, "mixed")
+    _check_classes_per_client(cfg, np.unique(dataset.y), dataset)
+    domains = rng.permutation(np.unique(groups))
+    takers: dict[tuple[int, int], list[int]] = {}
+    for client in range(cfg.num_clients):
+        d = int(domains[client % len(domains)])
+        have = np.unique(dataset.y[groups == d])
+        chosen = rng.choice(have, size=min(cfg.classes_per_client, len(have)), replace=False)
+        for c in chosen:
+            takers.setdefault((d, int(c)), []).append(client)
+    parts: list[list[np.ndarray]] = [[] for _ in range(cfg.num_clients)]
+    for (d, c), clients in sorted(takers.items()):
+        idx = rng.permutation(np.flatnonzero((groups == d) & (dataset.y == c)))
+        for client, chunk in zip(clients, np.array_split(idx, len(clients)), strict=True):
+            parts[client].append(chunk)
+    return _finish([np.concatenate(p) for p in parts])
+
+
+PARTITIONERS: dict[str, tuple[str, Partitioner]] = {
+    "iid": ("uniform random split, equal sizes", iid),
+    "dirichlet": ("label skew: class proportions ~ Dir(data.alpha) per client", dirichlet),
+    "pathological": ("data.classes_per_client label shards per client", pathological),
+    "natural": ("one client per natural group (subject, user, writer, domain)", natural),
+    "mixed": ("one domain + data.classes_per_client classes per client (PFPL)", mixed),
+}
+
+
+def partition(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
+    """Sample indices per client (sorted, disjoint) for data.partition."""
+    if cfg.partition not in PARTITIONERS:
+        raise ConfigError(
+            f"data.partition: unknown partitioner '{cfg.partition}' "
+            f"(valid: {', '.join(PARTITIONERS)})"
+        )
+    if cfg.partition != "natural" and cfg.num_clients > len(dataset):
+        raise ConfigError(
+            f"data.num_clients={cfg.num_clients} exceeds the {len(dataset)} samples of "
+            f"{dataset.name}"
+        )
+    return PARTITIONERS[cfg.partition][1](cfg, dataset, rng)

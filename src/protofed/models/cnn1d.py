@@ -1,0 +1,50 @@
+"""`cnn1d`: a small 1-D CNN for sensor windows shaped (channels, time)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from protofed.config import ModelConfig
+from protofed.errors import ConfigError
+from protofed.models.base import FedModel
+
+
+def require_sequence(model: str, input_shape: tuple[int, ...], min_length: int) -> tuple[int, int]:
+    """Check that samples are sensor windows (channels, time) with time >= `min_length`."""
+    shape = tuple(input_shape)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < min_length:
+        raise ConfigError(
+            f"model '{model}' needs sensor windows shaped (channels, time) with time >= "
+            f"{min_length}; got input shape {shape}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+class CNN1D(FedModel):
+    """3 x [Conv1d(64, k=5, pad=2) + ReLU + MaxPool1d(2)], global average pool, Linear+ReLU.
+
+    No BatchNorm on purpose: averaging BN statistics across clients silently changes FedAvg.
+    Global average pooling over time makes the model independent of the window length.
+    """
+
+    def __init__(self, channels: int, num_classes: int, embedding_dim: int = 128):
+        super().__init__()
+        blocks: list[nn.Module] = []
+        width = channels
+        for _ in range(3):
+            blocks += [nn.Conv1d(width, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool1d(2)]
+            width = 64
+        self.features = nn.Sequential(
+            *blocks,
+            nn.AdaptiveAvgPool1d(1),
+            nn.Flatten(),
+            nn.Linear(64, embedding_dim),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(embedding_dim, num_classes)
+        self.embedding_dim = embedding_dim
+
+
+def build_cnn1d(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN1D:
+    channels, _ = require_sequence("cnn1d", input_shape, min_length=8)
+    return CNN1D(channels, num_classes, cfg.embedding_dim or 128)

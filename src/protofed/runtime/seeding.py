@@ -1,0 +1,31 @@
+"""Every random number in a run comes from the config's seed through these streams.
+
+Each stream is keyed by what it is for (and the round and client where it applies), so the
+clients sampled in round r, or the batches client i draws in round r, never depend on what ran
+before: every algorithm sees the same clients, and a resumed run draws what an uninterrupted
+one would have.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# stream tags: fixed numbers so that adding a stream never shifts another
+MODEL_INIT, SAMPLING, CLIENT_TRAIN = 10, 11, 12
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def torch_generator(seed: int, *keys: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(seed, *keys))
+
+
+def sample_clients(seed: int, round: int, num_clients: int, count: int) -> list[int]:
+    """The sorted client ids taking part in `round` (1-based)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING, round]))
+    if count >= num_clients:
+        return list(range(num_clients))
+    return sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False))

@@ -1,0 +1,327 @@
+"""The built-in engine: one process simulates every client, round after round.
+
+Data flow, one way: config -> federated data -> model -> algorithm -> rounds (sample, send,
+fit, aggregate) -> evaluation -> run directory -> summary. The engine owns everything an
+algorithm must not: per-client state, the sampling stream, seeding, byte counts and timing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from protofed.algorithms import Algorithm, Arrays, Reply, Setting, build_algorithm
+from protofed.config import ExperimentConfig
+from protofed.data.federated import ClientData, FederatedData, build_federated
+from protofed.evaluation import Evaluator, select_round
+from protofed.models import build_model
+from protofed.models.base import FedModel
+from protofed.runs import RunDir
+from protofed.runtime.client import Client
+from protofed.runtime.seeding import (
+    CLIENT_TRAIN,
+    MODEL_INIT,
+    derive_seed,
+    sample_clients,
+    torch_generator,
+)
+
+
+def nbytes(arrays: Arrays) -> int:
+    """Bytes on the wire for a message: the tensors' payload."""
+    return sum(t.numel() * t.element_size() for t in arrays.values())
+
+
+def _clone(arrays: Arrays) -> Arrays:
+    return {k: v.detach().clone() for k, v in arrays.items()}
+
+
+@dataclass
+class Prepared:
+    """Everything validated and built before any file is written."""
+
+    cfg: ExperimentConfig
+    fed: FederatedData
+    model: FedModel
+    algorithm: Algorithm
+
+
+def prepare(cfg: ExperimentConfig) -> Prepared:
+    """Load data, build the model and the algorithm: every config error surfaces here."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    fed = build_federated(cfg.data, cfg.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
+        model = build_model(cfg.model, fed.input_shape, fed.num_classes)
+    model.to(cfg.train.device)
+    setting = Setting(
+        num_clients=len(fed.clients),
+        num_classes=fed.num_classes,
+        train=cfg.train,
+        init_model=_clone(model.state_dict()),
+    )
+    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
+    return Prepared(cfg, fed, model, algorithm)
+
+
+def _pooled(fed: FederatedData) -> ClientData:
+    """All clients' training data as one client (the `centralized` reference)."""
+    cat = torch.cat
+    cs = fed.clients
+    return ClientData(
+        name="pooled",
+        group=None,
+        train_x=cat([c.train_x for c in cs]),
+        train_y=cat([c.train_y for c in cs]),
+        val_x=cat([c.val_x for c in cs]),
+        val_y=cat([c.val_y for c in cs]),
+        test_x=cat([c.test_x for c in cs]),
+        test_y=cat([c.test_y for c in cs]),
+    )
+
+
+@dataclass
+class Progress:
+    """Counters that survive a resume (they are checkpointed)."""
+
+    round: int = 0
+    up_bytes: int = 0
+    down_bytes: int = 0
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    aggregate_s: float = 0.0
+    client_updates: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "round": self.round,
+            "up_bytes": self.up_bytes,
+            "down_bytes": self.down_bytes,
+            "train_s": self.train_s,
+            "eval_s": self.eval_s,
+            "aggregate_s": self.aggregate_s,
+            "client_updates": self.client_updates,
+        }
+
+
+class Simulation:
+    def __init__(self, prepared: Prepared, run: RunDir | None = None) -> None:
+        self.p = prepared
+        self.cfg = prepared.cfg
+        self.fed = prepared.fed
+        self.algorithm = prepared.algorithm
+        self.model = prepared.model
+        self.run_dir = run
+        self.num_clients = len(self.fed.clients)
+        self.server: Arrays = self.algorithm.init_server()
+        self.states: dict[int, Arrays] = {}
+        self.progress = Progress()
+        self.history: list[dict] = []
+        self.evaluator = Evaluator(
+            self.fed, self.model, self.cfg.eval.batch_size, self.cfg.eval.generalization
+        )
+        self.pooled = _pooled(self.fed) if self.algorithm.pools_data else None
+
+    # state ------------------------------------------------------------------------------
+    def state_of(self, client: int) -> Arrays:
+        return self.states.get(client, {})
+
+    def per_round(self) -> int:
+        t = self.cfg.train
+        if t.clients_per_round is not None:
+            return min(t.clients_per_round, self.num_clients)
+        return max(1, math.ceil(t.client_fraction * self.num_clients - 1e-9))
+
+    def checkpoint(self) -> dict:
+        return {
+            "progress": self.progress.as_dict(),
+            "server": self.server,
+            "clients": {str(i): s for i, s in self.states.items()},
+        }
+
+    def restore(self, ckpt: dict) -> None:
+        prog = ckpt["progress"]
+        self.progress = Progress(**{k: prog[k] for k in Progress().as_dict()})
+        self.server = ckpt["server"]
+        self.states = {int(i): s for i, s in ckpt["clients"].items()}
+
+    # one round --------------------------------------------------------------------------
+    def _replies(self, round: int, clients: list[int], timer: dict) -> Iterator[Reply]:
+        """Train the round's clients lazily, as the aggregation consumes the replies."""
+        seed = self.cfg.seed
+        for cid in clients:
+            t0 = time.perf_counter()
+            data = self.pooled if cid < 0 else self.fed.clients[cid]
+            message = self.algorithm.configure(self.server, cid, round)
+            torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, round, cid + 1, 1))  # dropout
+            client = Client(
+                id=cid,
+                data=data,
+                model=self.model,
+                train=self.cfg.train,
+                round=round,
+                generator=torch_generator(seed, CLIENT_TRAIN, round, cid + 1),
+            )
+            arrays, metrics, new_state = self.algorithm.fit(client, message, self.state_of(cid))
+            if new_state:
+                self.states[cid] = new_state
+            else:
+                self.states.pop(cid, None)
+            self.progress.down_bytes += nbytes(message)
+            self.progress.up_bytes += nbytes(arrays)
+            self.progress.client_updates += 1
+            timer["train"] += time.perf_counter() - t0
+            yield Reply(cid, arrays, metrics)
+
+    def run_round(self, round: int) -> dict:
+        clients = [-1] if self.pooled is not None else sample_clients(
+            self.cfg.seed, round, self.num_clients, self.per_round()
+        )
+        timer = {"train": 0.0}
+        losses: list[tuple[float, float]] = []
+
+        def recorded() -> Iterator[Reply]:
+            for r in self._replies(round, clients, timer):
+                if "loss" in r.metrics:
+                    losses.append((r.metrics["loss"], r.num_examples))
+                yield r
+
+        t0 = time.perf_counter()
+        stream = recorded()
+        self.server = self.algorithm.aggregate(self.server, stream, round)
+        for _ in stream:  # every sampled client trains, even if aggregate stopped reading
+            pass
+        elapsed = time.perf_counter() - t0
+        self.progress.train_s += timer["train"]
+        self.progress.aggregate_s += elapsed - timer["train"]
+        self.progress.round = round
+        weight = sum(w for _, w in losses)
+        return {
+            "clients": clients,
+            "train_loss": sum(v * w for v, w in losses) / weight if weight else None,
+            "train_s": timer["train"],
+            "aggregate_s": elapsed - timer["train"],
+        }
+
+    def evaluate(self, round: int) -> dict:
+        t0 = time.perf_counter()
+
+        def client_model(i: int) -> Arrays:
+            return self.algorithm.client_model(
+                self.algorithm.configure(self.server, i, round + 1), self.state_of(i)
+            )
+
+        scores = self.evaluator.evaluate(client_model, self.algorithm.global_model(self.server))
+        dt = time.perf_counter() - t0
+        self.progress.eval_s += dt
+        scores["eval_s"] = dt
+        return scores
+
+    # the loop ---------------------------------------------------------------------------
+    def run(self, on_round=None) -> dict:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        total_before = self.progress.train_s + self.progress.eval_s + self.progress.aggregate_s
+        for r in range(self.progress.round + 1, cfg.train.rounds + 1):
+            info = self.run_round(r)
+            record = None
+            if r % cfg.eval.every == 0 or r == cfg.train.rounds:
+                scores = self.evaluate(r)
+                record = {
+                    "round": r,
+                    "train_loss": info["train_loss"],
+                    "personalization": scores["personalization"],
+                    "generalization": scores["generalization"],
+                    "global": scores["global"],
+                    "val": scores["val"],
+                    "time": {"train_s": info["train_s"], "aggregate_s": info["aggregate_s"],
+                             "eval_s": scores["eval_s"]},
+                    "comm": {"up_bytes": self.progress.up_bytes,
+                             "down_bytes": self.progress.down_bytes},
+                    "clients": scores["clients"],
+                }
+                self.history.append(record)
+                if self.run_dir is not None:
+                    self.run_dir.append_metrics(record)
+            if self.run_dir is not None and (
+                r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds
+            ):
+                self.run_dir.save_checkpoint(self.checkpoint())
+            if on_round is not None:
+                on_round(r, info, record)
+        summary = self.summary(total_before + time.perf_counter() - t_start)
+        if self.run_dir is not None:
+            self.run_dir.write_json("summary.json", summary)
+        return summary
+
+    def summary(self, total_s: float) -> dict:
+        cfg = self.cfg
+        if not self.history:
+            raise RuntimeError("no round was evaluated")
+        final = self.history[-1]
+        chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
+        rounds = self.progress.round
+
+        def scores(rec: dict) -> dict:
+            return {k: rec[k] for k in ("personalization", "generalization", "global")}
+
+        return {
+            "algorithm": cfg.algorithm.name,
+            "dataset": cfg.data.name,
+            "model": cfg.model.name,
+            "num_clients": self.num_clients,
+            "seed": cfg.seed,
+            "rounds": rounds,
+            "final": {"round": final["round"], **scores(final)},
+            "selected": {"round": chosen["round"], "rule": cfg.eval.selection, **scores(chosen)},
+            "comm": {
+                "up_bytes": self.progress.up_bytes,
+                "down_bytes": self.progress.down_bytes,
+                "up_bytes_per_round": self.progress.up_bytes / max(rounds, 1),
+                "down_bytes_per_round": self.progress.down_bytes / max(rounds, 1),
+            },
+            "time": {
+                "total_s": total_s,
+                "train_s": self.progress.train_s,
+                "aggregate_s": self.progress.aggregate_s,
+                "eval_s": self.progress.eval_s,
+                "train_s_per_round": self.progress.train_s / max(rounds, 1),
+                "client_updates_per_s": self.progress.client_updates / max(self.progress.train_s, 1e-9),
+            },
+        }
+
+
+def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Simulation:
+    """Validate and build everything, then create the run directory."""
+    prepared = prepare(cfg)
+    run = RunDir.create(out, cfg.to_dict(), prepared.fed.summary(), prepared.fed.counts_table(),
+                        overwrite=overwrite)
+    return Simulation(prepared, run)
+
+
+def resume(path: str | Path) -> Simulation:
+    """Re-open a run directory and continue from its checkpoint."""
+    from protofed.config import build_config
+
+    run = RunDir.open(path)
+    cfg = build_config(run.config())
+    sim = Simulation(prepare(cfg), run)
+    ckpt = run.load_checkpoint()
+    if ckpt is not None:
+        sim.restore(ckpt)
+        sim.history = run.truncate_metrics(sim.progress.round)
+    else:
+        run.truncate_metrics(0)
+    return sim
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,92 @@
+"""Local training: the one loop every algorithm's client side calls.
+
+Data sit in memory as tensors, so an epoch is a seeded permutation and a slice per batch: no
+DataLoader, no worker processes, no re-reading from disk. The optimizer is built fresh for
+every call, so no momentum or Adam state leaks across rounds or clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protofed.config import TrainConfig
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], train: TrainConfig, lr: float | None = None
+) -> torch.optim.Optimizer:
+    lr = train.lr if lr is None else lr
+    params = list(params)
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay, foreach=True)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay, foreach=True
+    )
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Index batches of one shuffled epoch."""
+    order = torch.randperm(n, generator=generator)
+    return list(order.split(batch_size))
+
+
+def train_epochs(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: TrainConfig,
+    generator: torch.Generator,
+    *,
+    epochs: int | None = None,
+    loss_fn: LossFn = cross_entropy,
+    parameters: Iterable[torch.nn.Parameter] | None = None,
+    lr: float | None = None,
+    after_step: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Train `model` in place; return the mean loss and the number of steps.
+
+    `parameters` restricts what the optimizer updates (FedRep's phases, FedBABU's body);
+    `after_step` runs after every optimizer step (pFedMe's and Ditto's proximal updates).
+    """
+    epochs = train.local_epochs if epochs is None else epochs
+    params = [p for p in (model.parameters() if parameters is None else parameters)]
+    trainable = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    optimizer = make_optimizer(params, train, lr)
+    model.train()
+    total, steps = 0.0, 0
+    try:
+        for _ in range(epochs):
+            for idx in batches(len(x), train.batch_size, generator):
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model, x[idx], y[idx])
+                loss.backward()
+                optimizer.step()
+                if after_step is not None:
+                    after_step()
+                total += loss.item()
+                steps += 1
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return {"loss": total / max(steps, 1), "steps": float(steps)}
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    """Predicted labels, in eval mode and in chunks (so memory stays flat)."""
+    model.eval()
+    out = [model(chunk).argmax(dim=1) for chunk in x.split(batch_size)]
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long)

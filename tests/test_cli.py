@@ -1,0 +1,95 @@
+"""The command line as a user meets it: errors are one line, exit 2, and write nothing."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from protofed.cli import app
+
+runner = CliRunner()
+SMALL = ["-s", "data.num_clients=4", "-s", "model.name=mlp", "-s", "model.hidden=[16]",
+         "-s", "train.rounds=2", "-q"]
+
+
+def _error_line(result) -> str:
+    text = (result.stderr or result.output).strip()
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algorithm.name=fedavgg"], "did you mean 'fedavg'"),
+        (["data.name=digitz"], "digits"),
+        (["data.nme=digits"], "unknown config key 'data.nme'"),
+        (["train.rounds=many"], "train.rounds"),
+        (["data.alpha=0"], "data.alpha"),
+        (["data.alpha=-1"], "data.alpha"),
+        (["data.num_clients=5000", "data.partition=iid"], "data.num_clients"),
+        (["algorithm.mu=0.1"], "algorithm.mu"),
+        (["data.name=uci_har", "data.dir=/nonexistent"], "/nonexistent"),
+        (["data.name=arrays", "data.path=/nonexistent/x.npz"], "/nonexistent/x.npz"),
+        (["model.name=resnet99"], "model.name"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, overrides, expected):
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "-q"]
+    for o in overrides:
+        args += ["-s", o]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert expected in _error_line(result)
+    assert not out.exists()
+
+
+def test_missing_config_file(tmp_path):
+    result = runner.invoke(app, ["run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "nope.yaml" in _error_line(result)
+
+
+def test_run_then_report(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert runner.invoke(app, ["run", "--out", str(a), *SMALL]).exit_code == 0
+    res = runner.invoke(app, ["run", "--out", str(b), *SMALL, "-s", "algorithm.name=local"])
+    assert res.exit_code == 0, res.output
+    again = runner.invoke(app, ["run", "--out", str(a), *SMALL])
+    assert again.exit_code == 2 and "already exists" in _error_line(again)
+    result = runner.invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "cmp.csv").open()))
+    assert [r["algorithm"] for r in rows] == ["fedavg", "local"]
+    assert rows[1]["global_acc"] == ""
+    md = (tmp_path / "cmp.md").read_text()
+    assert md.count("\n| ") == 2 and "fedavg" in md
+    resumed = runner.invoke(app, ["run", "--resume", str(a)])
+    assert resumed.exit_code == 0 and "already complete" in resumed.output
+
+
+def test_report_of_an_unfinished_run_is_an_error(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+
+
+def test_list_names_every_part():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0
+    for name in ("fedavg", "ditto", "uci_har", "dirichlet", "harcnn", "cnn1d", "arrays"):
+        assert name in result.output
+
+
+def test_entry_point_exit_code(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "protofed.cli", "run", "-s", "algorithm.name=nope", "--out",
+         str(tmp_path / "r")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1

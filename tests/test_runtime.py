@@ -1,0 +1,122 @@
+"""The runtime's contracts: determinism, resume, sampling, byte counting, summary shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from protofed.config import load_config
+from protofed.runtime.seeding import sample_clients
+from protofed.runtime.simulation import Simulation, prepare, resume, start
+
+BASE = [
+    "data.name=digits",
+    "data.partition=dirichlet",
+    "data.num_clients=6",
+    "data.alpha=1.0",
+    "model.name=mlp",
+    "model.hidden=[32]",
+    "train.rounds=4",
+    "train.batch_size=32",
+    "train.lr=0.1",
+    "eval.every=1",
+]
+
+
+def _cfg(*extra: str):
+    return load_config(None, [*BASE, *extra])
+
+
+def _numbers(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "time"}
+
+
+def test_summary_has_the_contracted_keys(tmp_path):
+    summary = start(_cfg(), tmp_path / "run").run()
+    assert summary["rounds"] == 4
+    for part in ("final", "selected"):
+        for key in ("personalization", "generalization"):
+            assert set(summary[part][key]) >= {"acc", "f1", "f1_std"}
+        assert set(summary[part]["global"]) >= {"acc", "f1", "f1_std"}
+    assert "round" in summary["selected"]
+    assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
+    assert summary["time"]["total_s"] > 0
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["final"] == summary["final"]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4]
+    assert len(json.loads(lines[0])["clients"]["pers_f1"]) == 6
+    for name in ("config.yaml", "partition.json", "partition.txt", "checkpoint.pt"):
+        assert (tmp_path / "run" / name).is_file()
+
+
+def test_same_config_and_seed_give_identical_numbers():
+    a = Simulation(prepare(_cfg("train.client_fraction=0.5"))).run()
+    b = Simulation(prepare(_cfg("train.client_fraction=0.5"))).run()
+    assert _numbers(a) == _numbers(b)
+    c = Simulation(prepare(_cfg("train.client_fraction=0.5", "seed=1"))).run()
+    assert _numbers(a) != _numbers(c)
+
+
+def test_killed_run_resumes_to_the_same_summary(tmp_path):
+    cfg = _cfg("train.client_fraction=0.5", "train.rounds=5", "eval.every=2")
+    whole = start(cfg, tmp_path / "whole").run()
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_round_3(r, info, record):
+        if r == 3:
+            raise Killed
+
+    sim = start(cfg, tmp_path / "killed")
+    with pytest.raises(Killed):
+        sim.run(on_round=kill_after_round_3)
+    # a line for a round past the checkpoint, as a kill between two writes could leave
+    with open(tmp_path / "killed" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "partial')
+    resumed = resume(tmp_path / "killed").run()
+    assert _numbers(resumed) == _numbers(whole)
+    rounds = [json.loads(x)["round"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [2, 4, 5]
+
+
+def test_sampling_is_a_fixed_stream_per_round():
+    picks = [sample_clients(7, r, 100, 10) for r in range(1, 6)]
+    assert picks == [sample_clients(7, r, 100, 10) for r in range(1, 6)]
+    assert all(len(set(p)) == 10 and p == sorted(p) for p in picks)
+    assert len({tuple(p) for p in picks}) == 5
+    assert sample_clients(7, 1, 5, 10) == [0, 1, 2, 3, 4]
+
+
+def test_bytes_counted_from_the_real_messages():
+    sim = Simulation(prepare(_cfg("train.rounds=1", "train.clients_per_round=3")))
+    sim.run()
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
+    assert sim.progress.down_bytes == 3 * model_bytes
+    assert sim.progress.up_bytes == 3 * model_bytes
+
+
+def test_local_sends_nothing_and_keeps_one_model_per_trained_client():
+    sim = Simulation(prepare(_cfg("algorithm.name=local", "train.rounds=2")))
+    summary = sim.run()
+    assert summary["comm"]["up_bytes"] == 0 and summary["comm"]["down_bytes"] == 0
+    assert summary["final"]["global"] is None
+    assert len(sim.states) == 6
+
+
+def test_fedavg_keeps_no_per_client_state():
+    sim = Simulation(prepare(_cfg("train.rounds=2")))
+    sim.run()
+    assert sim.states == {}
+
+
+def test_threads_setting_is_applied():
+    before = torch.get_num_threads()
+    try:
+        prepare(_cfg("train.threads=1"))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
