@@ -461,13 +461,19 @@ def test_stratified_split_small_classes_and_zero_val():
     assert all(c.val_x.shape == (0, 1, 8, 8) and c.val_y.shape == (0,) for c in fed.clients)
 
 
-def test_client_without_test_sample_is_a_config_error():
+def test_natural_leaves_out_a_group_too_small_to_split():
     ds = _grouped()
     ds.groups = ds.groups.copy()
     ds.groups[0] = 3  # a fourth group with a single sample
     ds.group_names = [*ds.group_names, "lonely"]
-    with pytest.raises(ConfigError, match="client 'lonely'"):
-        _fed(dataset=ds, name="grouped", partition="natural")
+    fed = _fed(dataset=ds, name="grouped", partition="natural")
+    assert "lonely" not in [c.name for c in fed.clients]
+    assert any("1 of" in note and "unused" in note for note in fed.meta["notes"])
+
+
+def test_client_without_test_sample_is_a_config_error(digits):
+    with pytest.raises(ConfigError, match="client"):
+        _fed(partition="iid", num_clients=len(digits))
 
 
 def test_summary_and_table(digits):

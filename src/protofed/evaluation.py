@@ -108,6 +108,7 @@ class Evaluator:
         n = len(self.fed.clients)
         last_key: tuple | None = None
         test_pred = val_pred = np.empty(0)
+        gen: tuple[float, float] | None = None
         per = {k: [] for k in ("pers_acc", "pers_f1", "gen_acc", "gen_f1", "val_acc", "val_f1")}
         for i in range(n):
             weights = client_model(i)
@@ -117,12 +118,14 @@ class Evaluator:
                 test_pred = self._predict_split(weights, self.test, i, whole=self.generalization)
                 val_pred = self._predict_split(weights, self.val, i, whole=self.generalization)
                 last_key = key
+                gen = (_acc(self.test.y, test_pred), _macro_f1(self.test.y, test_pred)) \
+                    if self.generalization else None
             lo, hi = self.test.bounds[i]
             per["pers_acc"].append(_acc(self.test.y[lo:hi], test_pred[lo:hi]))
             per["pers_f1"].append(_macro_f1(self.test.y[lo:hi], test_pred[lo:hi]))
-            if self.generalization:
-                per["gen_acc"].append(_acc(self.test.y, test_pred))
-                per["gen_f1"].append(_macro_f1(self.test.y, test_pred))
+            if gen is not None:
+                per["gen_acc"].append(gen[0])
+                per["gen_f1"].append(gen[1])
             vlo, vhi = self.val.bounds[i]
             per["val_acc"].append(_acc(self.val.y[vlo:vhi], val_pred[vlo:vhi]))
             per["val_f1"].append(_macro_f1(self.val.y[vlo:vhi], val_pred[vlo:vhi]))

@@ -163,9 +163,14 @@ def pathological(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) ->
 
 
 def natural(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
-    """One client per natural group (subject, user, writer, domain); num_clients is ignored."""
+    """One client per natural group (subject, user, writer, domain); num_clients is ignored.
+
+    A group with a single sample cannot hold both a training and a test sample, so it is left
+    out (FEMNIST has such writers); the run's partition notes count the unused samples.
+    """
     groups = _require_groups(dataset, "natural")
-    return _finish([np.flatnonzero(groups == g) for g in np.unique(groups)])
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    return _finish([m for m in members if len(m) >= 2])
 
 
 def mixed(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
