@@ -33,7 +33,7 @@ CONFIGS = {
 }
 COMMON = [
     "data.name=uci_har", "data.partition=natural", "algorithm.name=fedavg", "train.optimizer=sgd",
-    "train.local_epochs=1", "train.client_fraction=1.0", "eval.every=1",
+    "train.local_epochs=1", "train.client_fraction=1.0", "eval.every=1", "train.workers=2",
 ]
 
 

@@ -420,17 +420,17 @@ def child_wide(threads: int) -> dict:
     wall = time.perf_counter() - t
     # equivalence: client 0 and the client with the fewest samples vs the naive loop
     diff = 0.0
-    with torch.no_grad():
-        for c in (0, min(range(k), key=lambda i: sizes[i])):
-            ref = NaiveTrainer(make_model())
-            ref.epoch(xs[c], ys[c], perms[c])
-            got = [
-                wide[0][c * 32 : (c + 1) * 32],
-                wide[1][c * 32 : (c + 1) * 32],
-                wide[2][c * 64 : (c + 1) * 64],
-                wide[3][c * 64 : (c + 1) * 64],
-                *(wide[i][c].t() if i % 2 == 0 else wide[i][c].view(-1) for i in range(4, 10)),
-            ]
+    for c in (0, min(range(k), key=lambda i: sizes[i])):
+        ref = NaiveTrainer(make_model())
+        ref.epoch(xs[c], ys[c], perms[c])
+        got = [
+            wide[0][c * 32 : (c + 1) * 32],
+            wide[1][c * 32 : (c + 1) * 32],
+            wide[2][c * 64 : (c + 1) * 64],
+            wide[3][c * 64 : (c + 1) * 64],
+            *(wide[i][c].t() if i % 2 == 0 else wide[i][c].view(-1) for i in range(4, 10)),
+        ]
+        with torch.no_grad():
             diff = max(diff, max_diff(ref.params(), got))
     return {
         "ms_step": wall / nsteps / k * 1e3,
@@ -556,6 +556,11 @@ def child_rounds(kind: str, workers: int, rounds: int = 3) -> dict:
         if r:  # round 0 is warm-up
             train_times.append(t1 - t)
             eval_times.append(t2 - t1)
+        else:  # check one client's round-0 result against the naive loop in this process
+            ref = NaiveTrainer(make_model())
+            ref.epoch(xs[0], ys[0], permutation(sizes[0], 0, 0))
+            flat_ref = torch.cat([p.reshape(-1) for p in ref.params()])
+            diff = (flat_ref - out[0]).abs().max().item()
     for a in conns:
         a.send(None)
     for p in procs:
@@ -565,6 +570,7 @@ def child_rounds(kind: str, workers: int, rounds: int = 3) -> dict:
         "s_round_median": statistics.median(train_times),
         "eval_s": min(eval_times),
         "startup_s": startup,
+        "max_diff": diff,
     }
 
 
@@ -661,7 +667,7 @@ def main() -> None:
         rows.append(
             f"| {label}: train+aggregate {r['s_round']:.2f} s (median {r['s_round_median']:.2f})"
             f", eval {r['eval_s']:.2f} s, worker start-up {r['startup_s']:.1f} s | 2x1 | - "
-            f"| {r['s_round'] + r['eval_s']:.2f} | |"
+            f"| {r['s_round'] + r['eval_s']:.2f} | {_diff(r['max_diff'])} |"
         )
         print(rows[-1], flush=True)
     print()

@@ -17,3 +17,13 @@ def shared_data() -> Path:
             "../shared/data not found: real-data tests need the shared data sets beside the repo"
         )
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """`train.threads` sets torch's process-wide thread count: give it back after each test."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

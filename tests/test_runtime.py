@@ -120,3 +120,13 @@ def test_threads_setting_is_applied():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedrep"])
+def test_worker_processes_give_the_serial_numbers(algorithm):
+    serial = Simulation(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
+                                     "train.rounds=2", "train.client_fraction=0.5"))).run()
+    parallel = Simulation(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
+                                       "train.rounds=2", "train.client_fraction=0.5",
+                                       "train.workers=2"))).run()
+    assert _numbers(serial) == _numbers(parallel)

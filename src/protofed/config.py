@@ -78,6 +78,9 @@ class TrainConfig(_Section):
     clients_per_round: int | None = Field(None, ge=1, description="Overrides client_fraction.")
     device: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores.")
+    workers: int = Field(
+        1, ge=1, description="Processes training clients in parallel (each single-threaded)."
+    )
     checkpoint_every: int = Field(1, ge=1)
 
 

@@ -64,7 +64,7 @@ class _Union:
         for y in ys:
             bounds.append((start, start + len(y)))
             start += len(y)
-        return cls(torch.cat(xs), torch.cat(ys).numpy(), bounds)
+        return cls(torch.cat(xs), torch.cat(ys).cpu().numpy(), bounds)
 
 
 def _fingerprint(arrays: Arrays) -> tuple:
@@ -90,7 +90,7 @@ class Evaluator:
             missing = sorted(self.model_keys - weights.keys())[:3]
             raise ValueError(f"an evaluated model must carry every weight; missing {missing}")
         load_weights(self.model, weights)
-        return predict(self.model, x, self.batch_size).numpy()
+        return predict(self.model, x, self.batch_size).cpu().numpy()
 
     def _predict_split(self, weights: Arrays, union: _Union, i: int, whole: bool) -> np.ndarray:
         """Predictions on the whole union, or only on client i's slice (the rest -1)."""

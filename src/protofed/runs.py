@@ -111,11 +111,11 @@ class RunDir:
     def save_checkpoint(self, state: dict) -> None:
         _atomic_write(self.path / CHECKPOINT, lambda p: torch.save(state, p))
 
-    def load_checkpoint(self) -> dict | None:
+    def load_checkpoint(self, map_location: str | None = None) -> dict | None:
         path = self.path / CHECKPOINT
         if not path.exists():
             return None
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location=map_location)
 
     @property
     def complete(self) -> bool:

@@ -40,6 +40,13 @@ class ClientData:
     def sizes(self) -> dict[str, int]:
         return {s: len(getattr(self, f"{s}_y")) for s in SPLITS}
 
+    def to(self, device: torch.device | str) -> ClientData:
+        """The same client with its tensors on `device` (moved once, before training)."""
+        moved = {
+            f"{s}_{k}": getattr(self, f"{s}_{k}").to(device) for s in SPLITS for k in ("x", "y")
+        }
+        return ClientData(name=self.name, group=self.group, **moved)
+
 
 @dataclass
 class FederatedData:

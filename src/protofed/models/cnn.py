@@ -7,6 +7,7 @@ from torch import nn
 from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
+from protofed.nn import Linear
 
 
 def require_image(model: str, input_shape: tuple[int, ...], min_side: int) -> tuple[int, int, int]:
@@ -41,10 +42,10 @@ class CNN(FedModel):
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(flat, embedding_dim),
+            Linear(flat, embedding_dim),
             nn.ReLU(),
         )
-        self.head = nn.Linear(embedding_dim, num_classes)
+        self.head = Linear(embedding_dim, num_classes)
         self.embedding_dim = embedding_dim
 
 

@@ -7,6 +7,7 @@ from torch import nn
 from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
+from protofed.nn import Linear
 
 
 def require_sequence(model: str, input_shape: tuple[int, ...], min_length: int) -> tuple[int, int]:
@@ -38,10 +39,10 @@ class CNN1D(FedModel):
             *blocks,
             nn.AdaptiveAvgPool1d(1),
             nn.Flatten(),
-            nn.Linear(64, embedding_dim),
+            Linear(64, embedding_dim),
             nn.ReLU(),
         )
-        self.head = nn.Linear(embedding_dim, num_classes)
+        self.head = Linear(embedding_dim, num_classes)
         self.embedding_dim = embedding_dim
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from protofed.config import ModelConfig
 from protofed.models.base import FedModel
 from protofed.models.cnn1d import require_sequence
+from protofed.nn import Linear
 
 
 def harcnn_flat_length(length: int) -> int:
@@ -32,12 +33,12 @@ class HARCNN(FedModel):
             nn.ReLU(),
             nn.MaxPool1d(2),
             nn.Flatten(),
-            nn.Linear(flat, 1024),
+            Linear(flat, 1024),
             nn.ReLU(),
-            nn.Linear(1024, embedding_dim),
+            Linear(1024, embedding_dim),
             nn.ReLU(),
         )
-        self.head = nn.Linear(embedding_dim, num_classes)
+        self.head = Linear(embedding_dim, num_classes)
         self.embedding_dim = embedding_dim
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
+from protofed.nn import Linear
 
 
 class MLP(FedModel):
@@ -24,10 +25,10 @@ class MLP(FedModel):
         width = math.prod(input_shape)
         layers: list[nn.Module] = [nn.Flatten()]
         for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
+            layers += [Linear(width, size), nn.ReLU()]
             width = size
         self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(width, num_classes)
+        self.head = Linear(width, num_classes)
         self.embedding_dim = width
 
 

@@ -14,6 +14,7 @@ from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
 from protofed.models.cnn import require_image
+from protofed.nn import Linear
 
 
 class BasicBlock(nn.Module):
@@ -55,7 +56,7 @@ class ResNet18(FedModel):
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
         )
-        self.head = nn.Linear(512, num_classes)
+        self.head = Linear(512, num_classes)
         self.embedding_dim = 512
 
 

@@ -19,27 +19,30 @@ import torch
 from protofed.algorithms import Algorithm, Arrays, Reply, Setting, build_algorithm
 from protofed.config import ExperimentConfig
 from protofed.data.federated import ClientData, FederatedData, build_federated
+from protofed.errors import ConfigError
 from protofed.evaluation import Evaluator, select_round
 from protofed.models import build_model
 from protofed.models.base import FedModel
 from protofed.runs import RunDir
-from protofed.runtime.client import Client
-from protofed.runtime.seeding import (
-    CLIENT_TRAIN,
-    MODEL_INIT,
-    derive_seed,
-    sample_clients,
-    torch_generator,
-)
-
-
-def nbytes(arrays: Arrays) -> int:
-    """Bytes on the wire for a message: the tensors' payload."""
-    return sum(t.numel() * t.element_size() for t in arrays.values())
+from protofed.runtime.parallel import WorkerPool, fit_client, nbytes
+from protofed.runtime.seeding import MODEL_INIT, derive_seed, sample_clients
 
 
 def _clone(arrays: Arrays) -> Arrays:
     return {k: v.detach().clone() for k, v in arrays.items()}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`train.device` as a torch device, checked against what this machine has."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"invalid value for 'train.device': {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device={name}: only cpu and cuda are supported")
+    return device
 
 
 @dataclass
@@ -56,11 +59,14 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     """Load data, build the model and the algorithm: every config error surfaces here."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
     fed = build_federated(cfg.data, cfg.seed)
+    if device.type != "cpu":
+        fed.clients = [c.to(device) for c in fed.clients]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
         model = build_model(cfg.model, fed.input_shape, fed.num_classes)
-    model.to(cfg.train.device)
+    model.to(device)
     setting = Setting(
         num_clients=len(fed.clients),
         num_classes=fed.num_classes,
@@ -129,6 +135,7 @@ class Simulation:
             self.fed, self.model, self.cfg.eval.batch_size, self.cfg.eval.generalization
         )
         self.pooled = _pooled(self.fed) if self.algorithm.pools_data else None
+        self.pool: WorkerPool | None = None
 
     # state ------------------------------------------------------------------------------
     def state_of(self, client: int) -> Arrays:
@@ -156,30 +163,26 @@ class Simulation:
     # one round --------------------------------------------------------------------------
     def _replies(self, round: int, clients: list[int], timer: dict) -> Iterator[Reply]:
         """Train the round's clients lazily, as the aggregation consumes the replies."""
-        seed = self.cfg.seed
-        for cid in clients:
-            t0 = time.perf_counter()
-            data = self.pooled if cid < 0 else self.fed.clients[cid]
-            message = self.algorithm.configure(self.server, cid, round)
-            torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, round, cid + 1, 1))  # dropout
-            client = Client(
-                id=cid,
-                data=data,
-                model=self.model,
-                train=self.cfg.train,
-                round=round,
-                generator=torch_generator(seed, CLIENT_TRAIN, round, cid + 1),
+        if self.pool is not None:
+            jobs = [(cid, self.state_of(cid)) for cid in clients]
+            results = self.pool.run(self.server, round, jobs)
+        else:
+            results = (
+                fit_client(self.p, self.pooled, self.server, cid, round, self.state_of(cid))
+                for cid in clients
             )
-            arrays, metrics, new_state = self.algorithm.fit(client, message, self.state_of(cid))
+        t0 = time.perf_counter()
+        for cid, (arrays, metrics, new_state, down, *_) in zip(clients, results, strict=True):
             if new_state:
                 self.states[cid] = new_state
             else:
                 self.states.pop(cid, None)
-            self.progress.down_bytes += nbytes(message)
+            self.progress.down_bytes += down
             self.progress.up_bytes += nbytes(arrays)
             self.progress.client_updates += 1
             timer["train"] += time.perf_counter() - t0
             yield Reply(cid, arrays, metrics)
+            t0 = time.perf_counter()
 
     def run_round(self, round: int) -> dict:
         clients = [-1] if self.pooled is not None else sample_clients(
@@ -227,6 +230,17 @@ class Simulation:
 
     # the loop ---------------------------------------------------------------------------
     def run(self, on_round=None) -> dict:
+        workers = self.cfg.train.workers
+        if workers > 1 and self.pooled is None and self.cfg.train.device == "cpu":
+            self.pool = WorkerPool(self.p, self.pooled, workers)
+        try:
+            return self._run(on_round)
+        finally:
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+
+    def _run(self, on_round=None) -> dict:
         cfg = self.cfg
         t_start = time.perf_counter()
         total_before = self.progress.train_s + self.progress.eval_s + self.progress.aggregate_s
@@ -314,7 +328,7 @@ def resume(path: str | Path) -> Simulation:
     run = RunDir.open(path)
     cfg = build_config(run.config())
     sim = Simulation(prepare(cfg), run)
-    ckpt = run.load_checkpoint()
+    ckpt = run.load_checkpoint(map_location=cfg.train.device)
     if ckpt is not None:
         sim.restore(ckpt)
         sim.history = run.truncate_metrics(sim.progress.round)

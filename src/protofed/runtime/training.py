@@ -36,7 +36,7 @@ def make_optimizer(
 
 def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """Index batches of one shuffled epoch."""
-    order = torch.randperm(n, generator=generator)
+    order = torch.randperm(n, generator=generator)  # on the CPU: the same on every device
     return list(order.split(batch_size))
 
 

@@ -1,0 +1,67 @@
+"""`Linear`: nn.Linear with oneDNN kernels on single-threaded CPU training.
+
+Federated clients train on small batches, so a Linear layer's matrix products are skinny
+(10 x 1664 times 1664 x 1024). PyTorch sends them to MKL, which runs such shapes at a
+fraction of the CPU's speed on AMD processors; oneDNN's kernels (the ones torch's own
+compiler uses) are 2-3x faster there, but only single-threaded. Worker processes train with one
+thread each (`train.workers`), so there this layer computes the same products through oneDNN,
+forward and backward. Everywhere else (several threads, GPU, other dtypes, or a torch build
+without the op) it is exactly nn.Linear. The numbers agree with F.linear to fp32 rounding
+(a test checks outputs and gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_POINTWISE = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+_MKL_WEIGHT_GRAD_FROM = 2**21  # MKL's outer product wins for the largest weight gradients
+
+
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return _POINTWISE(x, w, b, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _onednn_linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = _onednn_linear(grad, w.t(), None) if ctx.needs_input_grad[0] else None
+        gw = None
+        if ctx.needs_input_grad[1]:
+            if w.numel() >= _MKL_WEIGHT_GRAD_FROM:
+                gw = grad.t() @ x
+            else:
+                gw = _onednn_linear(grad.t(), x.t(), None)
+        gb = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def onednn_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (
+        _POINTWISE is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and x.dim() == 2
+        and torch.get_num_threads() == 1
+        and torch.is_grad_enabled()
+    )
+
+
+class Linear(nn.Linear):
+    """Drop-in nn.Linear (same parameters, same state_dict) with the fast CPU path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if onednn_applies(x, self.weight):
+            return _OneDnnLinear.apply(x.contiguous(), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,49 @@
+"""protofed.nn.Linear must be nn.Linear in everything but speed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from protofed.nn import Linear
+from protofed.nn.linear import onednn_applies
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("batch", "fan_in", "fan_out"), [(10, 1664, 1024), (10, 512, 6), (3, 7, 5)])
+def test_fast_path_matches_f_linear(one_thread, batch, fan_in, fan_out):
+    torch.manual_seed(0)
+    layer = Linear(fan_in, fan_out)
+    x = torch.randn(batch, fan_in, requires_grad=True)
+    assert onednn_applies(x, layer.weight) == (torch.ops.mkldnn._linear_pointwise is not None)
+    out = layer(x)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    fast = (out.detach(), x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone())
+    x.grad = layer.weight.grad = layer.bias.grad = None
+    ref = F.linear(x, layer.weight, layer.bias)
+    ref.backward(grad)
+    slow = (ref.detach(), x.grad, layer.weight.grad, layer.bias.grad)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_same_state_dict_as_nn_linear():
+    assert list(Linear(4, 3).state_dict()) == list(torch.nn.Linear(4, 3).state_dict())
+
+
+def test_no_bias_and_frozen_weight(one_thread):
+    layer = Linear(8, 4, bias=False)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(5, 8, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(5, 8))
+    assert layer.weight.grad is None
