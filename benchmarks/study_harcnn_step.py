@@ -6,54 +6,67 @@ client every round. Each client runs its own ~24 sequential SGD steps from the g
 Data is random with the right shapes. Every variant is checked against the naive loop
 (autograd + torch.optim.SGD) after one client epoch: max |param difference| must be <= 1e-4.
 
-Run: `.venv/bin/python benchmarks/study_harcnn_step.py` (~3-4 min; `--quick` skips
+Run: `.venv/bin/python benchmarks/study_harcnn_step.py` (~3.5 min; `--quick` skips
 torch.compile and the batched-clients variant). Each variant runs in its own subprocess, so
 env vars (set before torch is imported) and thread counts are isolated. Timings are the best
 of 3 repetitions (the machine is shared; the median is printed too).
 
-Results (AMD EPYC Zen 5, 2 cores, AVX-512, torch 2.13 CPU; the host was shared with other
-jobs, load average ~2 while measuring, so expect +-15%):
+Results (AMD EPYC Zen 5, 2 cores, AVX-512, torch 2.13 CPU, 30 clients = 7,273 samples = 741
+steps per round; measured with the host otherwise idle, load average < 1; other jobs on the
+same 2 cores make every number worse, the 2-thread ones by up to 5x):
 
-| variant                                         | thr | ms/step | s/round | max diff |
-|-------------------------------------------------|-----|---------|---------|----------|
-| naive: autograd + SGD(foreach), set_to_none     |  2  |    4.22 |    3.06 |  0       |
-| naive                                           |  1  |    6.05 |    4.38 |  0       |
-| naive, MKL_CBWR=AVX512                          |  2  |    4.44 |    3.21 |  ~1e-8   |
-| naive, MKL_ENABLE_INSTRUCTIONS=AVX512           |  2  |    4.33 |    3.14 |  ~1e-8   |
-| naive, SGD(fused=True)                          |  2  |    4.29 |    3.11 |  ~1e-8   |
-| naive, SGD(foreach=False)                       |  2  |    4.30 |    3.11 |  ~1e-8   |
-| naive, zero_grad(set_to_none=False)             |  2  |    4.93 |    3.57 |  ~1e-8   |
-| naive, torch.backends.mkldnn disabled           |  2  |    4.89 |    3.54 |  ~1e-8   |
-| torch.compile(model+loss) (compile ~7-20 s)     |  2  |    5.6  |    4.1  |  ~1e-7   |
-| torch.compile(model+loss)                       |  1  |    7.9  |    5.7  |  ~1e-7   |
-| autograd + oneDNN Linear/pool Functions         |  1  |    4.10 |    2.97 |  ~1e-8   |
-| autograd + oneDNN Linear/pool Functions         |  2  |    8.6  |    6.2  |  ~1e-8   |
-| fused hand-written step (oneDNN), no autograd   |  1  |    2.55 |    1.85 |  ~1e-7   |
-| fused hand-written step (oneDNN), no autograd   |  2  |   11.0  |    8.0  |  ~1e-7   |
-| 30 clients as one wide model (groups=30 + bmm)  |  2  |   6.3 * |    4.6  |  ~1e-7   |
-| 2 procs x 1 thread, naive (measured round)      | 2x1 |       - |    2.62 |          |
-| 2 procs x 1 thread, autograd + oneDNN (round)   | 2x1 |       - |    1.77 |          |
-| 2 procs x 1 thread, fused step (round)          | 2x1 |       - |    1.16 |          |
+| variant                                        | thr | ms/step best/med | s/round | diff   |
+|------------------------------------------------|-----|------------------|---------|--------|
+| naive: autograd + SGD(foreach), set_to_none    |  2  | 4.76 / 5.03      |  3.53   | 0      |
+| naive                                          |  1  | 6.32 / 6.51      |  4.68   | 0      |
+| naive, MKL_CBWR=AVX512                         |  2  | 4.40 / 4.72      |  3.26   | 0      |
+| naive, MKL_ENABLE_INSTRUCTIONS=AVX512          |  2  | 4.70 / 5.23      |  3.48   | 0      |
+| naive, SGD(fused=True)                         |  2  | 6.20 / 6.22      |  4.59   | 0      |
+| naive, SGD(foreach=False)                      |  2  | 4.72 / 4.99      |  3.50   | 0      |
+| naive, zero_grad(set_to_none=False)            |  2  | 6.06 / 6.45      |  4.49   | 0      |
+| naive, torch.backends.mkldnn disabled          |  2  | 4.77 / 4.79      |  3.53   | 0      |
+| torch.compile(model+loss) (27 s to compile)    |  2  | 6.81 / 7.21      |  5.05   | 7.5e-9 |
+| torch.compile(model+loss) (21 s to compile)    |  1  | 9.06 / 9.92      |  6.71   | 7.5e-9 |
+| protofed harcnn as built (nn.Linear->oneDNN)   |  1  | 4.59 / 5.01      |  3.40   | 1.5e-8 |
+| autograd + oneDNN Linear, ReLU+pool Functions  |  1  | 5.21 / 5.27      |  3.86   | 7.5e-9 |
+| autograd + oneDNN Linear, ReLU+pool Functions  |  2  | 2.97 / 3.00      |  2.20   | 7.5e-9 |
+| fused hand-written step, oneDNN, no autograd   |  1  | 2.91 / 2.98      |  2.16   | 7.5e-9 |
+| fused hand-written step, oneDNN, no autograd   |  2  | 1.88 / 1.95      |  1.40   | 4.8e-8 |
+| 30 clients as one wide model (groups + bmm) *  |  2  | 7.30             |  6.35   | 7.5e-9 |
+| 2 procs x 1 thread, naive                      | 2x1 | -                |  3.03   | 7.5e-9 |
+| 2 procs x 1 thread, protofed harcnn as built   | 2x1 | -                |  2.11   | 1.5e-8 |
+| 2 procs x 1 thread, oneDNN Lin. + ReLU/pool    | 2x1 | -                |  1.94   | 7.5e-9 |
+| 2 procs x 1 thread, fused step                 | 2x1 | -                |  1.42   | 7.5e-9 |
 
-ms/step is per client step (batch 10); s/round = ms/step x 724 steps for one process, and the
-measured wall time of a whole round (dispatch, training, aggregation) for the 2-process rows.
-(*) the wide model's time per wide step divided by 30 clients. Evaluating the global model on
-3,090 held-out windows (val + test, batch 1024, 2 threads) adds ~0.15 s per round.
+ms/step is per client step (batch 10, best and median of 3 repetitions of ~100 steps);
+s/round is ms/step x 741 for one process, and for the "2 procs" rows the measured wall time of
+a whole round (dispatch, training, FedAvg aggregation of 30 x 2.25 M parameters; best of 3,
+medians 3.04 / 2.15 / 2.00 / 1.50). * one wide step over 30 clients divided by 30; s/round
+is the measured epoch. Evaluating the global model on 3,090 held-out windows (batch 1024, 2
+threads) adds 0.18-0.19 s per round, so the fused 2-process round is 1.61 s in all. Worker
+start-up (spawn, import torch) is 1.3-3 s once per run. diff = max |param difference| after one
+client epoch vs the naive loop (fp32 rounding only; the limit is 1e-4).
+
+fc1 GEMMs (10 x 1664 by 1664 x 1024), 1 thread, us: MKL forward 573, oneDNN 311; MKL dX 608,
+oneDNN 182; MKL dW 404, `W.addmm_(dY.T, X)` (dW and update fused) 328, oneDNN dW 207 (+ a
+separate update). MKL_CBWR / MKL_ENABLE_INSTRUCTIONS change nothing measurable.
 
 Findings:
-- The skinny GEMMs (M=10) dominate. MKL runs them at 40-60 GFLOP/s on this AMD CPU whatever
-  MKL_CBWR / MKL_ENABLE_INSTRUCTIONS say; oneDNN (`torch.ops.mkldnn._linear_pointwise`, the
-  op inductor uses) is 1.8-3.3x faster for fwd and dX at 1 thread. Best weight-update GEMM:
-  `W.addmm_(dY.t(), X, alpha=-lr)` (fuses grad and update, no 6.8 MB grad buffer) for fc1;
-  oneDNN dW + `sub_` for fc2. oneDNN with 2 OpenMP threads is 3-5x SLOWER than with 1 here
-  (thread sync on tiny kernels; catastrophic as soon as another process takes a core).
-- The per-op overhead of autograd and of small ops (max_pool1d with indices: 120 us, fresh
-  6.8 MB grad every step) costs as much as the math: the fused step needs no autograd graph.
-- Batching clients (bmm / grouped conv / vmap) is slower: each client still has its own
-  weights, so M stays 10 and the 30 x 9 MB of weights fall out of cache (DRAM bound).
-- torch.compile does not help (it keeps MKL for mm and adds guards/recompiles per tail size).
-- Parallelism must come from processes, not threads: 2 single-threaded workers, each training
-  whole clients, keep each client's 9 MB of weights cache-hot and never synchronise per op.
+- The skinny GEMMs (M=10) dominate, and MKL runs them at 40-60 GFLOP/s on this AMD CPU
+  whatever MKL_CBWR / MKL_ENABLE_INSTRUCTIONS say; oneDNN (`torch.ops.mkldnn.
+  _linear_pointwise`, the op inductor uses) is 1.8-3.3x faster single-threaded.
+- The rest is per-op overhead, not math: the autograd graph, max_pool1d's index path (~120 us
+  fwd+bwd per pool), conv1's weight gradient through mkldnn (~290 us; 100 us as one GEMM over
+  a zero-copy window view), a fresh 6.8 MB fc1 gradient per step then a separate SGD pass.
+  The fused step drops all of it: 2.9 ms vs 4.6 ms (protofed.nn.Linear) vs 6.3 ms (naive).
+- Batching clients (bmm / grouped conv / vmap) is slower: each client keeps its own weights,
+  so M stays 10, and 30 x 9 MB of weights no longer fit in cache.
+- torch.compile does not help (mm stays on MKL; one recompile per tail-batch size), and it
+  crashes on protofed.nn.Linear's oneDNN op at 1 thread (inductor's mkldnn lowering wants
+  constant weights); that Linear should fall back to F.linear under torch.compiler.is_compiling().
+- Two threads in one process match two single-threaded processes only on an idle machine;
+  with another job on the second core, OpenMP's per-op barriers made the 2-thread fused step
+  12 ms/step (6x slower), while 2 processes just share the cores. Use processes.
 """
 
 from __future__ import annotations
@@ -102,7 +115,12 @@ def make_data(sizes: list[int], seed: int = 0):
     return xs, ys
 
 
-def make_model():
+def make_model(plain: bool = True):
+    """harcnn as `build_model` makes it; `plain` swaps protofed.nn.Linear for torch's own.
+
+    protofed.nn.Linear routes single-threaded training through oneDNN, so the reference loop
+    and torch.compile get plain nn.Linear (same parameters, same initialisation).
+    """
     try:
         from protofed.config import ModelConfig
         from protofed.models import build_model
@@ -111,7 +129,12 @@ def make_model():
         from protofed.config import ModelConfig
         from protofed.models import build_model
     torch.manual_seed(0)
-    return build_model(ModelConfig(name="harcnn"), SHAPE, NUM_CLASSES)
+    model = build_model(ModelConfig(name="harcnn"), SHAPE, NUM_CLASSES)
+    if plain:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.__class__ = torch.nn.Linear
+    return model
 
 
 def permutation(n: int, round_idx: int, client: int):
@@ -302,6 +325,7 @@ class FusedTrainer:
 
 TRAINERS = {
     "naive": lambda m: NaiveTrainer(m),
+    "protofed": lambda m: NaiveTrainer(make_model(plain=False)),
     "naive_fusedsgd": lambda m: NaiveTrainer(m, fused=True),
     "naive_forloop": lambda m: NaiveTrainer(m, foreach=False),
     "naive_zero": lambda m: NaiveTrainer(m, set_to_none=False),
@@ -594,6 +618,7 @@ STEP_VARIANTS = [
     ("naive, torch.backends.mkldnn disabled", "naive", 2, {}, False),
     ("torch.compile(model+loss)", "compile", 2, {}, True),
     ("torch.compile(model+loss)", "compile", 1, {}, True),
+    ("protofed model as built (protofed.nn.Linear), autograd", "protofed", 1, {}, True),
     ("autograd + oneDNN Linear/pool Functions", "onednn_autograd", 1, {}, True),
     ("autograd + oneDNN Linear/pool Functions", "onednn_autograd", 2, {}, True),
     ("fused hand-written step (oneDNN), no autograd", "fused", 1, {}, True),
@@ -601,7 +626,8 @@ STEP_VARIANTS = [
 ]
 ROUND_VARIANTS = [
     ("2 procs x 1 thread, naive (measured round)", "naive"),
-    ("2 procs x 1 thread, autograd + oneDNN (round)", "onednn_autograd"),
+    ("2 procs x 1 thread, protofed.nn.Linear + autograd", "protofed"),
+    ("2 procs x 1 thread, autograd + oneDNN Linear/pool", "onednn_autograd"),
     ("2 procs x 1 thread, fused step (round)", "fused"),
 ]
 
@@ -675,7 +701,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print("\n".join(rows))
     print(
-        f"\nload average after: {os.getloadavg()[0]:.2f}; study took {time.perf_counter() - start:.0f} s"
+        f"\nload average after: {os.getloadavg()[0]:.2f}; "
+        f"study took {time.perf_counter() - start:.0f} s"
     )
 
 
