@@ -29,6 +29,7 @@ CONFIGS = {
     ],
     "b_harcnn_9ch_b10_pfllib": [
         "model.name=harcnn", "data.channels=all", "train.batch_size=10", "train.lr=0.005",
+        "data.predefined_split=true", "data.split=[0.75,0,0.25]",  # PFLlib's 75/25 per subject
     ],
 }
 COMMON = [

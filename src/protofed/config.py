@@ -36,6 +36,9 @@ class DataConfig(_Section):
     split: tuple[float, float, float] = Field(
         (0.7, 0.1, 0.2), description="Per-client train/val/test fractions (stratified)."
     )
+    predefined_split: bool = Field(
+        False, description="Use the source's published train/test split (val carved from train)."
+    )
     path: str | None = Field(None, description="arrays: .npz, .csv or .parquet file.")
     label_column: str = "label"
     group_column: str | None = None
@@ -82,6 +85,9 @@ class TrainConfig(_Section):
         1, ge=1, description="Processes training clients in parallel (each single-threaded)."
     )
     checkpoint_every: int = Field(1, ge=1)
+    fused: bool = Field(
+        True, description="Plain SGD without autograd where it is exactly the same (runtime/fused.py)."
+    )
 
 
 class EvalConfig(_Section):

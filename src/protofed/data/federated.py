@@ -203,9 +203,31 @@ def _client_name(cfg: DataConfig, ds: Dataset, i: int, group: int | None) -> str
     return f"client_{i:03d}"
 
 
+def _predefined_split(
+    ds: Dataset, idx: np.ndarray, fractions: tuple[float, float, float], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The source's published train/test membership; val is carved from train (stratified).
+
+    For reproducing a library's exact work (PFLlib's UCI-HAR is split 75/25 per subject).
+    `fractions[1] / (fractions[0] + fractions[1])` of each client's training samples go to val.
+    """
+    published = ds.predefined_split[idx]
+    train_pos, test_pos = np.flatnonzero(published == 0), np.flatnonzero(published == 1)
+    val_share = fractions[1] / (fractions[0] + fractions[1])
+    if val_share > 0 and len(train_pos) > 1:
+        tr, va, rest = stratified_split(ds.y[idx[train_pos]], (1 - val_share, val_share, 0.0), rng)
+        # the splitter keeps one sample for a third part even at fraction 0: it is training data
+        return np.sort(train_pos[np.concatenate([tr, rest])]), train_pos[va], test_pos
+    return train_pos, train_pos[:0], test_pos
+
+
 def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) -> FederatedData:
     """Load (unless `dataset` is given), partition, and split every client; see module doc."""
     ds = dataset if dataset is not None else load_dataset(cfg)
+    if cfg.predefined_split and ds.predefined_split is None:
+        raise ConfigError(
+            f"data.predefined_split=true but data set '{ds.name}' publishes no train/test split"
+        )
     parts = partition(cfg, ds, np.random.default_rng(np.random.SeedSequence([seed, 1])))
     notes: list[str] = []
     if cfg.partition == "natural" and len(parts) != cfg.num_clients:
@@ -221,7 +243,10 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
         group = _client_group(ds, idx)
         name = _client_name(cfg, ds, i, group)
         rng = np.random.default_rng(np.random.SeedSequence([seed, 2, i]))
-        tr, va, te = stratified_split(ds.y[idx], cfg.split, rng)
+        if cfg.predefined_split:
+            tr, va, te = _predefined_split(ds, idx, cfg.split, rng)
+        else:
+            tr, va, te = stratified_split(ds.y[idx], cfg.split, rng)
         if len(tr) == 0 or len(te) == 0:
             fix = (
                 "this group is too small to split; remove it from the data or choose another "

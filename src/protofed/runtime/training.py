@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.config import TrainConfig
+from protofed.runtime.fused import _Kernels, sequential_layers, sgd_step
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -59,6 +60,9 @@ def train_epochs(
     `after_step` runs after every optimizer step (pFedMe's and Ditto's proximal updates).
     """
     epochs = train.local_epochs if epochs is None else epochs
+    fused = _fused_layers(model, x, train, loss_fn, parameters, after_step)
+    if fused is not None:
+        return _train_fused(fused, x, y, train, generator, epochs, lr)
     params = [p for p in (model.parameters() if parameters is None else parameters)]
     trainable = {id(p) for p in params}
     frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
@@ -82,6 +86,31 @@ def train_epochs(
         for p in frozen:
             p.requires_grad_(True)
     return {"loss": total / max(steps, 1), "steps": float(steps)}
+
+
+def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.Module] | None:
+    """The model's layers if plain SGD can run without autograd (see runtime/fused.py)."""
+    if not (
+        train.fused and train.optimizer == "sgd" and train.momentum == 0
+        and train.weight_decay == 0 and loss_fn is cross_entropy and parameters is None
+        and after_step is None and x.device.type == "cpu" and x.dtype == torch.float32
+    ):
+        return None
+    if not all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters()):
+        return None
+    return sequential_layers(model)
+
+
+def _train_fused(layers, x, y, train, generator, epochs, lr) -> dict[str, float]:
+    kernels = _Kernels()
+    lr = train.lr if lr is None else lr
+    total = torch.zeros(())
+    steps = 0
+    for _ in range(epochs):
+        for idx in batches(len(x), train.batch_size, generator):
+            total += sgd_step(layers, kernels, x[idx], y[idx], lr)
+            steps += 1
+    return {"loss": total.item() / max(steps, 1), "steps": float(steps)}
 
 
 @torch.no_grad()

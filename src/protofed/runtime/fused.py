@@ -1,0 +1,167 @@
+"""Plain SGD on cross-entropy without autograd, for sequential models on the CPU.
+
+Federated clients take many tiny steps (batch 10 in PFLlib's HAR setting). At that size the
+autograd graph, a fresh gradient buffer per weight and a separate optimizer pass cost as much
+as the arithmetic. For the common case, where all of that is unnecessary, this module runs
+the same mathematics by hand: a forward pass that keeps what the backward pass needs, then,
+layer by layer from the top, the input gradient (with the old weights) followed by the
+in-place SGD update of the layer. The largest weight gradient is folded into its update
+(`W.addmm_(-lr * dY^T X)`), so it never exists as a buffer.
+
+It applies only when the result is exactly plain SGD on the mean cross-entropy:
+`train.optimizer=sgd` with no momentum and no weight decay, the default loss, every parameter
+trained, no per-step hook, float32 on the CPU, and a model whose `features` is an
+`nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) / AdaptiveAvgPool1d(1) / Flatten / Linear (mlp,
+cnn1d and harcnn are). Anything else takes the autograd loop. A test checks that both give
+the same weights to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protofed.nn.linear import _MKL_WEIGHT_GRAD_FROM, _POINTWISE
+
+
+def _conv_ok(m: nn.Conv1d) -> bool:
+    return (
+        m.stride == (1,) and m.dilation == (1,) and m.groups == 1 and m.bias is not None
+        and m.padding_mode == "zeros" and isinstance(m.padding, tuple)
+    )
+
+
+def _pool_ok(m: nn.MaxPool1d) -> bool:
+    k = m.kernel_size if isinstance(m.kernel_size, int) else m.kernel_size[0]
+    s = m.stride if isinstance(m.stride, int) else m.stride[0]
+    p = m.padding if isinstance(m.padding, int) else m.padding[0]
+    d = m.dilation if isinstance(m.dilation, int) else m.dilation[0]
+    return k == 2 and s == 2 and p == 0 and d == 1 and not m.ceil_mode and not m.return_indices
+
+
+_CHECKS = {
+    nn.Conv1d: _conv_ok,
+    nn.ReLU: lambda m: True,
+    nn.MaxPool1d: _pool_ok,
+    nn.AdaptiveAvgPool1d: lambda m: m.output_size in (1, (1,)),
+    nn.Flatten: lambda m: m.start_dim == 1 and m.end_dim == -1,
+}
+
+
+def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
+    """The model as a flat list of supported layers, or None if it is not one."""
+    features, head = getattr(model, "features", None), getattr(model, "head", None)
+    if not isinstance(features, nn.Sequential) or not isinstance(head, nn.Linear):
+        return None
+    layers = [*features.children(), head]
+    for layer in layers:
+        if isinstance(layer, nn.Linear):
+            continue
+        check = _CHECKS.get(type(layer))
+        if check is None or not check(layer):
+            return None
+    if any(b is not None for b in model.buffers()):
+        return None
+    return layers
+
+
+class _Kernels:
+    """Matrix products: oneDNN when single-threaded (see protofed.nn.linear), else aten."""
+
+    def __init__(self) -> None:
+        self.onednn = _POINTWISE is not None and torch.get_num_threads() == 1
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.onednn:
+            return _POINTWISE(x, w, b, "none", [], "")
+        return F.linear(x, w, b)
+
+    def input_grad(self, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.linear(g, w.t(), None) if self.onednn else g @ w
+
+    def update_weight(self, w: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lr: float) -> None:
+        if self.onednn and w.numel() < _MKL_WEIGHT_GRAD_FROM:
+            w.sub_(self.linear(g.t(), x.t(), None), alpha=lr)
+        else:
+            w.addmm_(g.t(), x, alpha=-lr)
+
+
+def _pool_forward(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """max_pool1d(h, 2) and a mask of which of each pair won (the first on ties, as torch)."""
+    b, c, length = h.shape
+    half = length // 2
+    pairs = h[:, :, : 2 * half].reshape(b, c, half, 2)
+    first = pairs[..., 0] >= pairs[..., 1]
+    return torch.where(first, pairs[..., 0], pairs[..., 1]), first
+
+
+def _pool_backward(g: torch.Tensor, first: torch.Tensor, length: int) -> torch.Tensor:
+    b, c, half = g.shape
+    out = torch.zeros(b, c, length, dtype=g.dtype)
+    pairs = out[:, :, : 2 * half].view(b, c, half, 2)
+    pairs[..., 0] = g * first
+    pairs[..., 1] = g * ~first
+    return out
+
+
+@torch.no_grad()
+def sgd_step(layers: list[nn.Module], kernels: _Kernels, x: torch.Tensor, y: torch.Tensor,
+             lr: float) -> torch.Tensor:
+    """One SGD step on the mean cross-entropy; returns the (pre-update) loss."""
+    saved: list[object] = []
+    h = x
+    for layer in layers:
+        if isinstance(layer, nn.Linear):
+            if h.dim() != 2:
+                raise RuntimeError("fused SGD expects flattened inputs to Linear layers")
+            saved.append(h)
+            h = kernels.linear(h, layer.weight, layer.bias)
+        elif isinstance(layer, nn.Conv1d):
+            saved.append(h)
+            h = F.conv1d(h, layer.weight, layer.bias, padding=layer.padding)
+        elif isinstance(layer, nn.ReLU):
+            h = h.relu()
+            saved.append(h)
+        elif isinstance(layer, nn.MaxPool1d):
+            length = h.shape[2]
+            h, first = _pool_forward(h)
+            saved.append((first, length))
+        elif isinstance(layer, nn.AdaptiveAvgPool1d):
+            saved.append(h.shape[2])
+            h = h.mean(dim=2, keepdim=True)
+        else:  # Flatten
+            saved.append(h.shape)
+            h = h.flatten(1)
+    logits = h
+    loss = F.cross_entropy(logits, y)
+    g = torch.softmax(logits, dim=1)
+    g[torch.arange(len(y)), y] -= 1.0
+    g.div_(len(y))
+    for i in range(len(layers) - 1, -1, -1):
+        layer, s = layers[i], saved[i]
+        need_input_grad = i > 0
+        if isinstance(layer, nn.Linear):
+            gx = kernels.input_grad(g, layer.weight) if need_input_grad else None
+            kernels.update_weight(layer.weight, g, s, lr)
+            if layer.bias is not None:
+                layer.bias.sub_(g.sum(0), alpha=lr)
+            g = gx
+        elif isinstance(layer, nn.Conv1d):
+            gx, gw, gb = torch.ops.aten.convolution_backward(
+                g.contiguous(), s, layer.weight, [layer.out_channels], [1], list(layer.padding),
+                [1], False, [0], 1, [need_input_grad, True, True],
+            )
+            layer.weight.sub_(gw, alpha=lr)
+            layer.bias.sub_(gb, alpha=lr)
+            g = gx
+        elif isinstance(layer, nn.ReLU):
+            g = g * (s > 0)
+        elif isinstance(layer, nn.MaxPool1d):
+            first, length = s
+            g = _pool_backward(g, first, length)
+        elif isinstance(layer, nn.AdaptiveAvgPool1d):
+            g = g.expand(-1, -1, s) / s
+        else:  # Flatten
+            g = g.reshape(s)
+    return loss
