@@ -454,3 +454,23 @@ def test_replies_and_states_do_not_alias_the_workspace(name: str, clients_data) 
                 t.zero_()
     assert equal(arrays, snapshot[0]) and equal(state, snapshot[1])
     assert all(not t.requires_grad for t in [*arrays.values(), *state.values()])
+
+
+def test_frozen_batchnorm_keeps_its_statistics():
+    """FedRep's head phase must not move the body's BatchNorm running statistics."""
+    import torch
+
+    from protofed.config import ModelConfig, TrainConfig
+    from protofed.models import build_model
+    from protofed.runtime.training import train_epochs
+
+    model = build_model(ModelConfig(name="resnet18"), (3, 8, 8), 4)
+    before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))
+    head = [p for n, p in model.named_parameters() if n.startswith("head.")]
+    train_epochs(model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0),
+                 parameters=head)
+    after = model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+    train_epochs(model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0))
+    assert not all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())

@@ -125,3 +125,9 @@ def test_bring_your_own_table_end_to_end(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_clients"] == 5
     assert summary["final"]["global"]["acc"] > 0.9  # well-separated blobs
+
+
+def test_info_lists_hyperparameters():
+    result = runner.invoke(app, ["info", "fedprox"])
+    assert result.exit_code == 0 and "mu" in result.output and "0.01" in result.output
+    assert runner.invoke(app, ["info", "fedproxx"]).exit_code == 2

@@ -153,6 +153,30 @@ def list_() -> None:
 
 
 @app.command()
+def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `protofed list`).")]) -> None:
+    """An algorithm's reference and its hyperparameters with defaults and meaning."""
+    from protofed.algorithms import algorithm_class
+
+    try:
+        cls = algorithm_class(name)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"[bold]{cls.name}[/]: {cls.summary}", highlight=False)
+    if cls.reference:
+        console.print(f"reference: {cls.reference}", highlight=False)
+    table = Table(title="hyperparameters (set with -s algorithm.<name>=<value>)", title_justify="left")
+    for col in ("name", "type", "default", "meaning"):
+        table.add_column(col)
+    for key, field in cls.Params.model_fields.items():
+        kind = getattr(field.annotation, "__name__", str(field.annotation))
+        table.add_row(key, kind, repr(field.default), field.description or "")
+    if not cls.Params.model_fields:
+        table.add_row("-", "-", "-", "no hyperparameters")
+    console.print(table)
+
+
+@app.command()
 def report(
     dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT.md and OUT.csv.")] = Path("report"),

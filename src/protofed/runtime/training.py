@@ -70,6 +70,8 @@ def train_epochs(
         p.requires_grad_(False)
     optimizer = make_optimizer(params, train, lr)
     model.train()
+    for module in _frozen_norms(model, trainable):
+        module.eval()  # a frozen part is a fixed function: its BatchNorm statistics stay too
     total, steps = 0.0, 0
     try:
         for _ in range(epochs):
@@ -86,6 +88,15 @@ def train_epochs(
         for p in frozen:
             p.requires_grad_(True)
     return {"loss": total / max(steps, 1), "steps": float(steps)}
+
+
+def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
+    """Normalisation layers none of whose parameters are being trained."""
+    return [
+        m for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase)
+        and not any(id(p) in trainable for p in m.parameters(recurse=False))
+    ]
 
 
 def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.Module] | None:
