@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/protofed run configs/quickstart.yaml --out runs/quickstart
+	$(BIN)/protofed run configs/quickstart.yaml --out runs/quickstart --force
 
 test: install
 	$(BIN)/ruff check src tests benchmarks

@@ -130,3 +130,20 @@ def test_worker_processes_give_the_serial_numbers(algorithm):
                                        "train.rounds=2", "train.client_fraction=0.5",
                                        "train.workers=2"))).run()
     assert _numbers(serial) == _numbers(parallel)
+
+
+def test_a_thousand_clients_do_not_hold_a_thousand_models():
+    """Replies are aggregated as a stream and FedAvg keeps no per-client state."""
+    import psutil
+
+    cfg = load_config(None, [
+        "data.name=synthetic", "data.partition=iid", "data.num_clients=1000", "model.name=mlp",
+        "model.hidden=[200,200]", "train.rounds=1", "eval.generalization=false",
+    ])
+    sim = Simulation(prepare(cfg))
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
+    rss = psutil.Process().memory_info().rss
+    sim.run()
+    grown = psutil.Process().memory_info().rss - rss
+    assert sim.states == {} and sim.progress.client_updates == 1000
+    assert grown < 0.25 * 1000 * model_bytes, f"RSS grew {grown / 2**20:.0f} MiB"

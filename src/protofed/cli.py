@@ -126,7 +126,12 @@ def run(
                 status = f"pers F1 {_pct(record['personalization']['f1'])}"
             bar.update(task, completed=r, status=status)
 
-        summary = sim.run(on_round=on_round)
+        try:
+            summary = sim.run(on_round=on_round)
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted after round {sim.progress.round}; continue with: "
+                              f"protofed run --resume {out}", highlight=False)
+            raise typer.Exit(code=130) from None
     print_summary(summary, out)
 
 

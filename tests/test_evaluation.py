@@ -1,0 +1,43 @@
+"""The evaluation protocol's arithmetic and its round-selection rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, f1_score
+
+from protofed.evaluation import per_segment_scores, select_round
+
+
+def test_per_client_scores_match_scikit_learn():
+    rng = np.random.default_rng(0)
+    n, c = 7, 5
+    owner = np.sort(rng.integers(0, n, 400))
+    owner[:3] = 3  # client 3 certainly has data; some others may have none
+    y = rng.integers(0, c, len(owner))
+    y[owner == 2] = rng.choice([0, 4], (owner == 2).sum())  # a client with two classes only
+    pred = np.where(rng.random(len(y)) < 0.6, y, rng.integers(0, c, len(y)))
+    pred[owner == 1] = -1  # a client that was not predicted counts as all wrong
+    acc, f1 = per_segment_scores(y, pred, owner, n, c)
+    for i in range(n):
+        mine = owner == i
+        if not mine.any():
+            assert np.isnan(acc[i]) and np.isnan(f1[i])
+            continue
+        labels = np.unique(y[mine])
+        ref = f1_score(y[mine], pred[mine], labels=labels, average="macro", zero_division=0)
+        assert f1[i] == pytest.approx(ref)
+        assert acc[i] == pytest.approx(accuracy_score(y[mine], pred[mine]))
+
+
+def _rec(r, val, test):
+    return {"round": r, "val": {"f1": val, "acc": val}, "personalization": {"acc": test}}
+
+
+def test_selection_rules():
+    history = [_rec(1, 0.5, 0.9), _rec(2, 0.7, 0.6), _rec(3, 0.6, 0.7)]
+    assert select_round(history, "val")["round"] == 2
+    assert select_round(history, "best_test")["round"] == 1
+    assert select_round(history, "last")["round"] == 3
+    no_val = [_rec(1, float("nan"), 0.9), _rec(2, float("nan"), 0.6)]
+    assert select_round(no_val, "val")["round"] == 2
