@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from protofed.algorithms.base import Arrays
+from protofed.runtime.training import cross_entropy
 
 if TYPE_CHECKING:
     from protofed.runtime.training import LossFn
@@ -40,16 +40,12 @@ def squared_distance(model: nn.Module, anchor: Arrays) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
-def _cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
-
-
 def proximal_loss(anchor: Arrays, mu: float, base: LossFn | None = None) -> LossFn:
     """A `LossFn`: `base` (cross-entropy by default) plus mu/2 * ||w - anchor||^2.
 
     With mu == 0 this is `base` itself, so the term costs nothing when it is switched off.
     """
-    base_fn = _cross_entropy if base is None else base
+    base_fn = cross_entropy if base is None else base
     if mu == 0:
         return base_fn
     half_mu = 0.5 * float(mu)

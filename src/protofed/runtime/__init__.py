@@ -1,0 +1,1 @@
+"""The built-in engine: seeding, local training, client context, simulation, workers."""
