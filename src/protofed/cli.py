@@ -188,18 +188,26 @@ def report(
     which: Annotated[str, typer.Option(help="'selected' round or 'final' round.")] = "selected",
 ) -> None:
     """Compare finished runs: a table printed, and written as Markdown and CSV."""
-    from protofed.report import COLUMNS, _fmt, collect, to_csv, to_markdown
+    from protofed.report import _fmt, collect, to_csv, to_markdown
 
     try:
         rows = collect(dirs, which)
     except ConfigError as exc:
         _fail(str(exc))
         return
-    table = Table(title=f"{which} round; scores in % (mean over clients)")
-    for c in COLUMNS:
-        table.add_column(c, justify="left" if c in ("run", "algorithm", "dataset") else "right")
+    table = Table(title=f"{which} round: % mean over clients (± std across clients)")
+    for col in ("run", "round", "pers acc", "pers F1", "gen F1", "global F1", "MB/round",
+                "s/round"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for r in rows:
-        table.add_row(*[_fmt(r[c], c) for c in COLUMNS])
+        per_round = (r["up_MB"] + r["down_MB"]) / max(r["rounds"], 1)
+        table.add_row(
+            r["run"], str(r["round"]), _fmt(r["pers_acc"], "acc"),
+            f"{_fmt(r['pers_f1'], 'f1')} ± {_fmt(r['pers_f1_std'], 'std')}",
+            f"{_fmt(r['gen_f1'], 'f1')} ± {_fmt(r['gen_f1_std'], 'std')}"
+            if r["gen_f1"] is not None else "-",
+            _fmt(r["global_f1"], "f1"), f"{per_round:.2f}", f"{r['s_per_round']:.2f}",
+        )
     console.print(table)
     md, csv_path = out.with_suffix(".md"), out.with_suffix(".csv")
     md.parent.mkdir(parents=True, exist_ok=True)

@@ -177,8 +177,9 @@ class Simulation:
                 self.states[cid] = new_state
             else:
                 self.states.pop(cid, None)
-            self.progress.down_bytes += down
-            self.progress.up_bytes += nbytes(arrays)
+            if cid >= 0:  # the pooled reference client is not a federation: nothing is sent
+                self.progress.down_bytes += down
+                self.progress.up_bytes += nbytes(arrays)
             self.progress.client_updates += 1
             timer["train"] += time.perf_counter() - t0
             yield Reply(cid, arrays, metrics)
