@@ -147,3 +147,16 @@ def test_a_thousand_clients_do_not_hold_a_thousand_models():
     grown = psutil.Process().memory_info().rss - rss
     assert sim.states == {} and sim.progress.client_updates == 1000
     assert grown < 0.25 * 1000 * model_bytes, f"RSS grew {grown / 2**20:.0f} MiB"
+
+
+def test_without_validation_data_files_stay_strict_json(tmp_path):
+    def no_constants(name):
+        raise ValueError(f"non-JSON constant {name}")
+
+    summary = start(_cfg("data.split=[0.8,0.0,0.2]", "train.rounds=2"), tmp_path / "r").run()
+    assert summary["selected"]["round"] == 2  # no validation data: the last round
+    for name in ("summary.json", "metrics.jsonl"):
+        for line in (tmp_path / "r" / name).read_text().splitlines() if name.endswith("l") else [
+            (tmp_path / "r" / name).read_text()
+        ]:
+            json.loads(line, parse_constant=no_constants)

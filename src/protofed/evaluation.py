@@ -204,7 +204,7 @@ def select_round(history: list[dict], rule: str, metric: str = "f1") -> dict:
     if rule == "best_test":
         return max(history, key=lambda h: h["personalization"]["acc"])
     if rule == "val":
-        if all(np.isnan(h["val"][metric]) for h in history):  # no validation data
+        if all(_nan_to_low(h["val"][metric]) == -np.inf for h in history):  # no validation data
             return history[-1]
         return max(history, key=lambda h: _nan_to_low(h["val"][metric]))
     raise ValueError(f"unknown selection rule '{rule}'")

@@ -14,6 +14,7 @@ Checkpoints hold only tensors, numbers and strings and load with `weights_only=T
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,17 @@ from protofed.errors import ConfigError
 
 CONFIG, PARTITION, PARTITION_TXT = "config.yaml", "partition.json", "partition.txt"
 METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
+
+
+def strict_json(obj: Any) -> Any:
+    """NaN and infinity (a client without validation data) become null: strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -69,7 +81,7 @@ class RunDir:
         _atomic_write(self.path / name, lambda p: p.write_text(text))
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_text(name, json.dumps(obj, indent=2) + "\n")
+        self.write_text(name, json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
 
     def read_json(self, name: str) -> Any:
         return json.loads((self.path / name).read_text())
@@ -80,7 +92,7 @@ class RunDir:
     # metrics ----------------------------------------------------------------------------
     def append_metrics(self, record: dict) -> None:
         with open(self.path / METRICS, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

@@ -23,7 +23,7 @@ from protofed.errors import ConfigError
 from protofed.evaluation import Evaluator, select_round
 from protofed.models import build_model
 from protofed.models.base import FedModel
-from protofed.runs import RunDir
+from protofed.runs import RunDir, strict_json
 from protofed.runtime.parallel import WorkerPool, fit_client, nbytes
 from protofed.runtime.seeding import MODEL_INIT, derive_seed, sample_clients
 
@@ -263,6 +263,7 @@ class Simulation:
                              "down_bytes": self.progress.down_bytes},
                     "clients": scores["clients"],
                 }
+                record = strict_json(record)  # the same record in memory and on disk
                 self.history.append(record)
                 if self.run_dir is not None:
                     self.run_dir.append_metrics(record)
