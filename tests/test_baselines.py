@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -37,30 +35,10 @@ from protofed.algorithms.fedprox import FedProx
 from protofed.algorithms.fedrep import FedRep
 from protofed.algorithms.local import Local
 from protofed.config import ModelConfig, TrainConfig
+from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
-
-try:
-    from protofed.data.federated import ClientData
-except ModuleNotFoundError as err:  # stand-in while data/federated.py is being written
-    if err.name != "protofed.data.federated":
-        raise
-
-    @dataclass
-    class ClientData:  # type: ignore[no-redef]
-        name: str
-        group: int | None
-        train_x: torch.Tensor
-        train_y: torch.Tensor
-        val_x: torch.Tensor
-        val_y: torch.Tensor
-        test_x: torch.Tensor
-        test_y: torch.Tensor
-
-    _federated = types.ModuleType("protofed.data.federated")
-    _federated.ClientData = ClientData  # type: ignore[attr-defined]
-    sys.modules["protofed.data.federated"] = _federated
 
 BASELINES = ["local", "centralized", "fedprox", "fedper", "fedrep", "ditto"]
 PERSONAL_HEAD = [FedPer, FedRep]

@@ -8,17 +8,15 @@ the union of every client's; evaluation is still per client, with the one model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from protofed.algorithms._aggregate import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-
-if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+from protofed.algorithms.base import Hyperparams
+from protofed.algorithms.fedavg import FedAvg
 
 
-class Centralized(Algorithm):
+class Centralized(FedAvg):
+    """FedAvg's client and server steps, run on the single pooled client (one reply)."""
+
     name = "centralized"
     summary = "One model trained on all clients' pooled data (upper reference, no federation)."
     reference = (
@@ -29,13 +27,3 @@ class Centralized(Algorithm):
 
     class Params(Hyperparams):
         """No hyperparameters: a round is `train.local_epochs` epochs over the pooled data."""
-
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
-        metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
-        return client.weights(), metrics, {}
-
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)  # one pooled reply: its weights
-        return model
