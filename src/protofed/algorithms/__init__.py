@@ -3,6 +3,11 @@
 Adding an algorithm means adding one file here that defines an `Algorithm` subclass and
 listing its module in `_MODULES`. Names are unique; an unknown name is an error that lists the
 valid ones.
+
+An algorithm that declares which model is its clients' local one (`Algorithm.ala_local`) also
+accepts the `algorithm.ala.*` section: with `algorithm.ala.enabled=true` it is built with
+adaptive local aggregation before its local training (`_ala.with_ala`); for any other
+algorithm that section is an error naming the key.
 """
 
 from __future__ import annotations
@@ -12,6 +17,13 @@ import importlib
 
 from pydantic import ValidationError
 
+from protofed.algorithms._ala import (
+    ALA_KEY,
+    AdaptiveLocalAggregation,
+    AlaParams,
+    supports_ala,
+    with_ala,
+)
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 
@@ -25,6 +37,7 @@ _MODULES = [
     "fedper",
     "fedrep",
     "ditto",
+    "fedala",
 ]
 
 
@@ -54,16 +67,15 @@ def algorithm_class(name: str) -> type[Algorithm]:
         ) from None
 
 
-def parse_params(name: str, raw: dict) -> Hyperparams:
-    """Validate `algorithm.*` keys against the algorithm's typed hyperparameters."""
-    cls = algorithm_class(name)
+def _validate(model: type[Hyperparams], raw: dict, prefix: str, name: str) -> Hyperparams:
+    """`model` from `raw`, with errors that name the config key (`algorithm.<prefix><key>`)."""
     try:
-        return cls.Params.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
+        key = prefix + ".".join(str(p) for p in first["loc"])
         if first["type"] == "extra_forbidden":
-            valid = ", ".join(cls.Params.model_fields) or "none"
+            valid = ", ".join(prefix + k for k in model.model_fields) or "none"
             raise ConfigError(
                 f"unknown config key 'algorithm.{key}' for {name} (its hyperparameters: {valid})"
             ) from None
@@ -72,6 +84,45 @@ def parse_params(name: str, raw: dict) -> Hyperparams:
         ) from None
 
 
-def build_algorithm(name: str, raw_params: dict, setting: Setting) -> Algorithm:
+def parse_ala(name: str, raw: dict) -> AlaParams | None:
+    """The `algorithm.ala.*` section (the ALA plug-in), or None if it is not set."""
+    if ALA_KEY not in raw:
+        return None
     cls = algorithm_class(name)
-    return cls(parse_params(name, raw_params), setting)
+    section = raw[ALA_KEY]
+    keys = [f"{ALA_KEY}.{k}" for k in section] if isinstance(section, dict) and section else [ALA_KEY]
+    if not supports_ala(cls):
+        supported = ", ".join(sorted(n for n, c in ALGORITHMS.items() if supports_ala(c)))
+        why = (
+            "has ALA built in (set its hyperparameters directly)"
+            if issubclass(cls, AdaptiveLocalAggregation)
+            else f"does not support the ALA plug-in (supported: {supported})"
+        )
+        raise ConfigError(f"unknown config key 'algorithm.{keys[0]}': {name} {why}")
+    if not isinstance(section, dict):
+        raise ConfigError(
+            f"'algorithm.{ALA_KEY}' must be a section, e.g. algorithm.{ALA_KEY}.enabled=true "
+            f"(got {section!r})"
+        )
+    return _validate(AlaParams, section, f"{ALA_KEY}.", name)  # type: ignore[return-value]
+
+
+def parse_params(name: str, raw: dict) -> Hyperparams:
+    """Validate `algorithm.*` keys against the algorithm's typed hyperparameters.
+
+    The `ala` section (the ALA plug-in) is validated too, by `parse_ala`, but not returned.
+    """
+    cls = algorithm_class(name)
+    parse_ala(name, raw)
+    own = {k: v for k, v in raw.items() if k != ALA_KEY}
+    return _validate(cls.Params, own, "", name)
+
+
+def build_algorithm(name: str, raw_params: dict, setting: Setting) -> Algorithm:
+    """The algorithm, with ALA before its local training if `algorithm.ala.enabled`."""
+    cls = algorithm_class(name)
+    params = parse_params(name, raw_params)
+    ala = parse_ala(name, raw_params)
+    if ala is not None and ala.enabled:
+        return with_ala(cls)(params, setting, ala=ala)
+    return cls(params, setting)

@@ -30,6 +30,7 @@ class Ditto(Algorithm):
         "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     )
     has_global_model = True
+    ala_local = "state"  # ALA plug-in: the local model is the personal model v
 
     class Params(Hyperparams):
         lam: float = Field(

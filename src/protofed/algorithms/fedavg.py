@@ -16,6 +16,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     summary = "Federated averaging: local SGD, sample-weighted mean of the models."
     reference = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
+    ala_local = "reply"  # ALA plug-in: the local model is the one the client trained last
 
     def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
         client.load(message)

@@ -26,6 +26,7 @@ class FedProx(Algorithm):
     name = "fedprox"
     summary = "FedAvg plus a proximal term mu/2*||w - w_global||^2 in the local loss."
     reference = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
+    ala_local = "reply"  # ALA plug-in: the local model is the one the client trained last
 
     class Params(Hyperparams):
         mu: float = Field(

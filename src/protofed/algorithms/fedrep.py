@@ -28,6 +28,7 @@ class FedRep(HeadLocalAlgorithm):
         "Learning, ICML 2021"
     )
     has_global_model = False
+    ala_local = "reply"  # ALA plug-in: the local model is the body the client trained last
 
     class Params(Hyperparams):
         head_epochs: int = Field(

@@ -1,0 +1,358 @@
+"""ALA, adaptive local aggregation (Zhang et al., FedALA, AAAI 2023): the mechanics, once.
+
+Before local training a client does not overwrite its local model with the global one. It
+builds
+
+    theta_hat = theta_local + (theta_global - theta_local) * W      on the top p layers,
+    theta_hat = theta_global                                         on every lower layer,
+
+with W element-wise weights, one per parameter of the top p layers, initialised to ones and
+clipped to [0, 1]. W is trained on a random s % of the client's training data with learning
+rate eta, by plain gradient steps: dL/dW = dL/dtheta_hat * (theta_global - theta_local).
+
+Start phase: the first round in which the client has a local model that differs from the
+global one, W is trained epoch after epoch until the standard deviation of the last 10 epoch
+losses is below `threshold`, or until `max_start_epochs` (a warning says so). Later rounds:
+one epoch. W stays in the client's state between rounds.
+
+Decisions, where the slides and the official code (TsingZ0/FedALA, utils/ALA.py) leave room:
+- Layers: the top p entries of `model.layers()` whose parameters the server sends (for a
+  method that sends the whole model, `model.layers()[-p:]`; for FedRep, the top body layers,
+  since the head has no global version). Never counted in tensors, and p = 0 is rejected
+  (the official code counts tensors and reads p = 0 as "all of them").
+- Threshold: 0.1 by default, as in the official code; the paper writes 0.01. The recorded
+  loss is the mean loss of one epoch over the subset (the official code records the last
+  batch's loss of each epoch, on an unshuffled subset); the std is the population std of the
+  last 10. A cap on start-phase epochs (the official loop has none) ends runs that never settle.
+- The subset is s % of the training samples drawn without replacement with the client's
+  seeded generator, fresh each round and reshuffled each epoch (the official code takes a
+  contiguous random slice and never shuffles it); partial last batches are kept.
+- The loss W is trained on is cross-entropy, whatever the method's own local objective.
+- Buffers (BatchNorm statistics) come from the global model in every layer, the top ones
+  included: W is defined on parameters only. The official code copies parameters only and
+  leaves the client's buffers local; its models have none.
+- The forward passes run in train mode (as the official code, whose copy inherits the mode of
+  the last local training); any BatchNorm statistics they change are discarded. When W
+  covers only the head and the body has no BatchNorm or dropout, the subset is embedded once
+  per round and each step runs the head alone (the same numbers, without re-running the
+  frozen body every epoch of the start phase).
+- A client's first round has no local model: it starts from the global model (the official
+  code skips ALA while local and global are equal). Its start phase is its next round.
+- Nothing is sent: ALA works on the received model and on what the client kept, so it adds
+  zero bytes to every message and reply.
+
+The `AdaptiveLocalAggregation` mix-in applies this around any algorithm's `fit` that declares
+which model is its clients' local one (`Algorithm.ala_local`):
+- "reply": the local model is what the client trained and sent back last time (FedAvg,
+  FedProx, FedRep, FedALA). The mix-in keeps the reply in the client's state and
+  hands the algorithm theta_hat in place of the received message. The client's personalized
+  model becomes the model it trained last (FedALA evaluates the locally trained model).
+- "state": the local model is the algorithm's own client state (Ditto's personal model). The
+  mix-in hands the algorithm theta_hat in place of that state; the message is left as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from protofed.algorithms._aggregate import prefixed, unprefixed
+from protofed.algorithms._split import is_head
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Setting
+from protofed.errors import ConfigError
+from protofed.runtime.training import batches
+
+if TYPE_CHECKING:
+    from collections.abc import Container
+
+    from protofed.models.base import FedModel
+    from protofed.runtime.client import Client
+
+ALA_KEY = "ala"  # the `algorithm.ala.*` section
+WEIGHTS = "ala.weight."  # client state: W, one tensor per top-layer parameter
+LOCAL = "ala.local."  # client state ("reply" algorithms): the client's last trained reply
+OWN = "ala."  # every key ALA adds to a client's state starts with this
+WINDOW = 10  # the start phase looks at the std of the last WINDOW epoch losses
+MODES = ("reply", "state")
+EMBED_CHUNK = 128  # samples embedded at once when only the head is covered
+
+
+class AlaSettings(Hyperparams):
+    """ALA's hyperparameters (the slides' defaults)."""
+
+    p: int = Field(
+        1, ge=1, description="Top layers (of model.layers(), among those the server sends) "
+        "mixed by trained weights; the lower ones are taken from the global model (slides: 1)."
+    )
+    s: float = Field(
+        80.0, gt=0, le=100,
+        description="Percent of the client's training data W is trained on (slides: 80).",
+    )
+    eta: float = Field(1.0, gt=0, description="Learning rate of W (slides: 1.0).")
+    threshold: float = Field(
+        0.1, gt=0, description="Start phase ends when the std of the last 10 epoch losses is "
+        "below this (official code 0.1; the paper writes 0.01).",
+    )
+    max_start_epochs: int = Field(
+        100, ge=1, description="Cap on start-phase epochs (a warning when it is reached)."
+    )
+
+
+class AlaParams(AlaSettings):
+    """`algorithm.ala.*`: the ALA plug-in for an algorithm that declares `ala_local`."""
+
+    enabled: bool = Field(False, description="Apply ALA before this algorithm's local training.")
+
+
+# the mechanics ----------------------------------------------------------------------------
+def top_layers(model: FedModel, available: Container[str], p: int) -> list[str]:
+    """The p layers nearest the output among those whose parameters are all `available`."""
+    eligible = [
+        layer for layer in model.layers()
+        if all(name in available for name in model.layer_params(layer))
+    ]
+    if p > len(eligible):
+        raise ConfigError(
+            f"algorithm ALA p={p} but the model has only {len(eligible)} layers with a global "
+            f"version ({', '.join(eligible) or 'none'})"
+        )
+    return eligible[-p:]
+
+
+def ala_parameters(model: FedModel, global_: Arrays, local: Arrays, p: int) -> list[str]:
+    """Names of the parameters W covers: those of the top p layers present in both models."""
+    both = {n for n in global_ if n in local}
+    return [n for layer in top_layers(model, both, p) for n in model.layer_params(layer)]
+
+
+def initial_weights(local: Arrays, names: list[str]) -> Arrays:
+    """W before any training: ones."""
+    return {n: torch.ones_like(local[n]) for n in names}
+
+
+def combine(global_: Arrays, local: Arrays, weights: Arrays) -> Arrays:
+    """theta_hat over the keys of `local`.
+
+    Parameters with a weight: local + (global - local) * W (computed with `torch.lerp`, exact
+    at W = 0 and W = 1). Every other key: the global value where the global model has one
+    (lower layers, all buffers), else the local one (parts the server never sends).
+    """
+    out: Arrays = {}
+    for name, value in local.items():
+        if name in weights:
+            out[name] = torch.lerp(value, global_[name], weights[name])
+        else:
+            out[name] = global_.get(name, value)
+    return out
+
+
+def _fixed_function(module: nn.Module) -> bool:
+    """Whether `module` computes the same in train and eval mode and keeps no statistics."""
+    return not any(
+        isinstance(m, nn.modules.batchnorm._NormBase | nn.modules.dropout._DropoutNd)
+        for m in module.modules()
+    )
+
+
+def train_weights(
+    client: Client,
+    model_arrays: Arrays,
+    global_: Arrays,
+    local: Arrays,
+    weights: Arrays,
+    settings: AlaSettings,
+    start: bool,
+) -> tuple[Arrays, Metrics]:
+    """Train W in the client's workspace model; return the new W and metrics.
+
+    `model_arrays` is the complete model to evaluate the loss on (theta_hat with the current
+    W, plus whatever the method adds, e.g. FedRep's local head). Only the W-covered parameters
+    are touched during training; everything is overwritten by the caller's next `load`.
+    """
+    model = client.model
+    client.load(model_arrays)
+    named = dict(model.named_parameters())
+    names = list(weights)
+    top = [named[n] for n in names]
+    lo = [local[n].to(p.device, p.dtype) for n, p in zip(names, top, strict=True)]
+    hi = [global_[n].to(p.device, p.dtype) for n, p in zip(names, top, strict=True)]
+    diff = [g - v for g, v in zip(hi, lo, strict=True)]
+    w = [weights[n].detach().clone() for n in names]
+
+    n = client.num_examples
+    size = max(1, int(n * settings.s / 100))
+    subset = torch.randperm(n, generator=client.generator)[:size]  # on the CPU, as `batches`
+    inputs = client.data.train_x[subset]
+    targets = client.data.train_y[subset]
+
+    covered = {id(p) for p in top}
+    frozen = [p for p in model.parameters() if id(p) not in covered and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)  # no gradient through the lower layers: W sees only the top
+    model.train()
+    forward: nn.Module = model
+    if all(is_head(name) for name in names) and _fixed_function(model.features):
+        # W covers only the head and the body is a fixed function of its input (no
+        # BatchNorm, no dropout): embed the subset once instead of once per epoch.
+        with torch.no_grad():
+            inputs = torch.cat([model.features(c) for c in inputs.split(EMBED_CHUNK)])
+        forward = model.head
+    losses: list[float] = []
+    capped = False
+    try:
+        while True:
+            total = torch.zeros((), device=inputs.device)
+            for idx in batches(size, client.train.batch_size, client.generator):
+                loss = F.cross_entropy(forward(inputs[idx]), targets[idx])
+                grads = torch.autograd.grad(loss, top, allow_unused=True)
+                with torch.no_grad():
+                    for p, g, wi, v, gl, d in zip(top, grads, w, lo, hi, diff, strict=True):
+                        if g is not None:
+                            wi.addcmul_(g, d, value=-settings.eta).clamp_(0.0, 1.0)
+                        p.copy_(torch.lerp(v, gl, wi))
+                total += loss.detach() * len(idx)
+            losses.append(float(total) / size)
+            if not start:
+                break
+            if len(losses) >= WINDOW and statistics.pstdev(losses[-WINDOW:]) < settings.threshold:
+                break
+            if len(losses) >= settings.max_start_epochs:
+                capped = True
+                warnings.warn(
+                    f"ALA start phase of client {client.id} (round {client.round}) reached "
+                    f"max_start_epochs={settings.max_start_epochs} before the std of the last "
+                    f"{WINDOW} losses fell below threshold={settings.threshold}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                break
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    metrics = {
+        "ala_epochs": float(len(losses)),
+        "ala_loss": losses[-1],
+        "ala_start": float(start),
+        "ala_capped": float(capped),
+    }
+    return dict(zip(names, w, strict=True)), metrics
+
+
+def adapt(
+    client: Client,
+    global_: Arrays,
+    local: Arrays,
+    weights: Arrays,
+    settings: AlaSettings,
+    assemble,
+) -> tuple[Arrays, Arrays, Metrics]:
+    """One client's ALA: (theta_hat over the keys of `local`, W to keep, metrics).
+
+    `assemble(theta_hat)` returns the complete model the loss is computed on. Without a local
+    model there is nothing to aggregate (theta_hat is the global model; the caller handles it).
+    If the local model equals the global one on the covered layers (or the client has no
+    training data), W is not trained and the start phase waits (the official code skips ALA
+    while local and global are equal).
+    """
+    names = ala_parameters(client.model, global_, local, settings.p)
+    if weights.keys() != set(names):  # first ALA round (or a different p): W = 1
+        weights = {}
+    if client.num_examples == 0 or all(torch.equal(local[n], global_[n]) for n in names):
+        return combine(global_, local, weights), weights, {}
+    start = not weights
+    current = weights or initial_weights(local, names)
+    new_weights, metrics = train_weights(
+        client, assemble(combine(global_, local, current)), global_, local, current, settings, start
+    )
+    return combine(global_, local, new_weights), new_weights, metrics
+
+
+# the plug-in ------------------------------------------------------------------------------
+def split_state(state: Arrays) -> tuple[Arrays, Arrays]:
+    """(ALA's own keys, the algorithm's state)."""
+    own: Arrays = {}
+    inner: Arrays = {}
+    for name, tensor in state.items():
+        (own if name.startswith(OWN) else inner)[name] = tensor
+    return own, inner
+
+
+class AdaptiveLocalAggregation(Algorithm):
+    """Mix-in: ALA before the algorithm's own `fit`, on the model it declares local.
+
+    Combined with an algorithm class by `with_ala` (the registry does it for
+    `algorithm.ala.enabled=true`), or subclassed directly (FedALA = this + FedAvg).
+    """
+
+    ala: AlaSettings
+
+    def __init__(self, params: Hyperparams, setting: Setting, ala: AlaSettings) -> None:
+        if self.ala_local not in MODES:
+            raise TypeError(f"{type(self).__name__}: ala_local must be one of {MODES}")
+        super().__init__(params, setting)
+        self.ala = ala
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        own, inner = split_state(state)
+        weights = unprefixed(own, WEIGHTS)
+        by_reply = self.ala_local == "reply"
+        local = unprefixed(own, LOCAL) if by_reply else inner
+        ala_metrics: Metrics = {}
+        if local:
+            base = super()
+
+            def assemble(hat: Arrays) -> Arrays:  # the complete model the algorithm would use
+                if by_reply:
+                    return base.client_model({**message, **hat}, inner)
+                return base.client_model(message, hat)
+
+            hat, weights, ala_metrics = adapt(client, message, local, weights, self.ala, assemble)
+            if by_reply:
+                message = {**message, **hat}
+            else:
+                inner = hat
+        reply, metrics, new_inner = super().fit(client, message, inner)
+        metrics.update(ala_metrics)
+        new_state = dict(new_inner)
+        if by_reply:
+            new_state.update(prefixed(reply, LOCAL))  # shared with the reply, never modified
+        new_state.update(prefixed(weights, WEIGHTS))
+        return reply, metrics, new_state
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        own, inner = split_state(state)
+        if self.ala_local == "reply":
+            local = unprefixed(own, LOCAL)
+            return super().client_model({**message, **local}, inner)
+        return super().client_model(message, inner)
+
+
+@functools.cache
+def with_ala(cls: type[Algorithm]) -> type[Algorithm]:
+    """`cls` with ALA before its local training (cls must declare `ala_local`)."""
+    if cls.ala_local not in MODES:
+        raise TypeError(f"{cls.__name__} does not declare which model is local (ala_local)")
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__doc__": f"{cls.__name__} with adaptive local aggregation (algorithm.ala.enabled).",
+    }
+    return type(f"{cls.__name__}WithALA", (AdaptiveLocalAggregation, cls), namespace)
+
+
+def supports_ala(cls: type[Algorithm]) -> bool:
+    """Whether `algorithm.ala.*` may be set for `cls`: it declares a local model, has no ALA
+    of its own, and has clients (a method that pools all data, such as `centralized`, a FedAvg
+    subclass, has none to personalize)."""
+    return (
+        cls.ala_local in MODES
+        and not issubclass(cls, AdaptiveLocalAggregation)
+        and not cls.pools_data
+    )
+

@@ -1,0 +1,349 @@
+"""FedALA and the ALA plug-in: the aggregation rule, W's training, per-client state, the plug-in.
+
+Unit tests call `_ala` directly on small real clients (sklearn's 8x8 digits); the state and
+plug-in tests go through the real runtime; one end-to-end test runs FedALA on MNIST from
+../shared/data (skipped without it).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+from protofed.algorithms import ALGORITHMS, _ala, parse_params
+from protofed.algorithms._aggregate import unprefixed
+from protofed.algorithms._ala import (
+    LOCAL,
+    WEIGHTS,
+    AdaptiveLocalAggregation,
+    AlaSettings,
+    adapt,
+    ala_parameters,
+    combine,
+    initial_weights,
+)
+from protofed.config import ModelConfig, TrainConfig, load_config
+from protofed.data.federated import ClientData
+from protofed.errors import ConfigError
+from protofed.models import build_model
+from protofed.models.base import FedModel
+from protofed.runtime.client import Client
+from protofed.runtime.simulation import Simulation, prepare, resume, start
+
+TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
+PLUGIN = ["fedavg", "fedprox", "ditto", "fedrep"]
+DIGITS = [
+    "data.name=digits",
+    "data.partition=pathological",
+    "data.num_clients=4",
+    "model.name=mlp",
+    "model.hidden=[32]",
+    "train.batch_size=32",
+    "train.lr=0.1",
+    "eval.every=1",
+]
+
+
+# helpers --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits_clients() -> list[ClientData]:
+    """Two real clients with different labels: digits 0-4 and digits 5-9."""
+    X, y = load_digits(return_X_y=True)
+    x = torch.tensor(X / 16.0, dtype=torch.float32)
+    t = torch.tensor(y, dtype=torch.long)
+    out = []
+    for i, mask in enumerate([t < 5, t >= 5]):
+        xs, ys = x[mask][:300], t[mask][:300]
+        out.append(ClientData(f"c{i}", None, xs[:200], ys[:200], xs[200:250], ys[200:250],
+                              xs[250:], ys[250:]))
+    return out
+
+
+class BNNet(FedModel):
+    """Linear, BatchNorm (with buffers), Linear head: three layers, one with buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU())
+        self.head = nn.Linear(16, 10)
+        self.embedding_dim = 16
+
+
+def mlp(seed: int) -> FedModel:
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(name="mlp", hidden=[32]), (64,), 10)
+
+
+def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def client_for(data: ClientData, model: FedModel, seed: int = 0) -> Client:
+    gen = torch.Generator().manual_seed(seed)
+    return Client(id=seed, data=data, model=model, train=TRAIN, round=2, generator=gen)
+
+
+def global_and_local(model_fn=None):
+    """Two different models of the same architecture (the mlp by default): (global, local)."""
+    if model_fn is None:
+        return weights_of(mlp(1)), weights_of(mlp(2))
+    torch.manual_seed(1)
+    g = weights_of(model_fn())
+    torch.manual_seed(2)
+    return g, weights_of(model_fn())
+
+
+# the aggregation rule -------------------------------------------------------------------
+def test_w_one_gives_exactly_the_global_model():
+    model = mlp(0)
+    g, loc = global_and_local()
+    names = ala_parameters(model, g, loc, p=1)
+    assert names == ["head.weight", "head.bias"]  # the top layer, chosen by layer
+    hat = combine(g, loc, initial_weights(loc, names))
+    assert hat.keys() == g.keys()
+    for k in g:
+        assert torch.equal(hat[k], g[k]), k
+
+
+def test_w_zero_keeps_the_local_top_layers_and_the_global_lower_ones():
+    model = mlp(0)
+    g, loc = global_and_local()
+    names = ala_parameters(model, g, loc, p=1)
+    hat = combine(g, loc, {n: torch.zeros_like(loc[n]) for n in names})
+    for k in g:
+        expected = loc[k] if k in names else g[k]
+        assert torch.equal(hat[k], expected), k
+
+
+def test_layers_are_counted_in_layers_not_tensors_and_buffers_are_global():
+    model = BNNet()
+    g, loc = global_and_local(BNNet)
+    loc["features.1.running_mean"] += 1.0  # the local statistics differ from the global ones
+    loc["features.1.num_batches_tracked"] += 5
+    assert model.layers() == ["features.0", "features.1", "head"]
+    names = ala_parameters(model, g, loc, p=2)  # BatchNorm + head: 4 tensors, 2 layers
+    assert names == ["features.1.weight", "features.1.bias", "head.weight", "head.bias"]
+    hat = combine(g, loc, {n: torch.full_like(loc[n], 0.5) for n in names})
+    for buffer in ("features.1.running_mean", "features.1.running_var",
+                   "features.1.num_batches_tracked"):
+        assert torch.equal(hat[buffer], g[buffer])  # statistics of a top layer: global
+    assert torch.allclose(hat["head.bias"], (g["head.bias"] + loc["head.bias"]) / 2)
+    with pytest.raises(ConfigError, match="p=4"):
+        ala_parameters(model, g, loc, p=4)
+    with pytest.raises(ConfigError):
+        parse_params("fedala", {"p": 0})  # never "all tensors"
+
+
+# training W -----------------------------------------------------------------------------
+def _adapt(data, settings, weights=None, seed=0):
+    model = mlp(0)
+    g, loc = global_and_local()
+    client = client_for(data, model, seed)
+    hat, w, metrics = adapt(client, g, loc, weights or {}, settings,
+                            assemble=lambda h: {**g, **h})
+    return g, loc, hat, w, metrics
+
+
+def test_trained_w_stays_in_the_unit_interval_and_lower_layers_are_global(digits_clients):
+    settings = AlaSettings(eta=1000.0, threshold=1e9)  # huge steps: clipping must hold
+    g, loc, hat, w, metrics = _adapt(digits_clients[0], settings)
+    assert set(w) == {"head.weight", "head.bias"}
+    values = torch.cat([t.flatten() for t in w.values()])
+    assert values.min() >= 0 and values.max() <= 1
+    assert (values == 0).any() or (values == 1).any()  # the clip was active
+    assert not all(torch.equal(t, torch.ones_like(t)) for t in w.values())  # W moved
+    for k in g:
+        if k not in w:
+            assert torch.equal(hat[k], g[k]), k  # lower layers: exactly the global model
+        else:
+            assert torch.equal(hat[k], torch.lerp(loc[k], g[k], w[k]))
+
+
+def test_start_phase_ends_on_the_threshold_then_one_epoch_per_round(digits_clients):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no cap warning
+        *_, w, first = _adapt(digits_clients[0], AlaSettings(threshold=1e9))
+        assert first["ala_start"] == 1 and first["ala_epochs"] == _ala.WINDOW
+        assert first["ala_capped"] == 0
+        *_, w2, later = _adapt(digits_clients[0], AlaSettings(threshold=1e9), weights=w)
+    assert later["ala_start"] == 0 and later["ala_epochs"] == 1
+    assert w2.keys() == w.keys()
+
+
+def test_start_phase_stops_at_the_cap_with_a_warning(digits_clients):
+    with pytest.warns(RuntimeWarning, match="max_start_epochs=12"):
+        *_, metrics = _adapt(digits_clients[0], AlaSettings(threshold=1e-12, max_start_epochs=12))
+    assert metrics["ala_epochs"] == 12 and metrics["ala_capped"] == 1
+
+
+def test_cached_embeddings_train_the_same_weights_as_full_forward_passes(digits_clients, monkeypatch):
+    settings = AlaSettings(threshold=1e9)
+    *_, cached, _ = _adapt(digits_clients[1], settings)
+    monkeypatch.setattr(_ala, "_fixed_function", lambda module: False)
+    *_, full, _ = _adapt(digits_clients[1], settings)
+    for k in cached:
+        assert torch.allclose(cached[k], full[k], atol=1e-5), k
+    assert not _ala.is_head("features.1.weight")
+
+
+def test_two_layers_and_batchnorm_train_through_the_whole_model(digits_clients):
+    torch.manual_seed(0)
+    model = BNNet()
+    g, loc = global_and_local(BNNet)
+    client = client_for(digits_clients[0], model)
+    hat, w, metrics = adapt(client, g, loc, {}, AlaSettings(p=2, threshold=1e9),
+                            assemble=lambda h: {**g, **h})
+    assert set(w) == {"features.1.weight", "features.1.bias", "head.weight", "head.bias"}
+    assert metrics["ala_epochs"] == _ala.WINDOW
+    assert all(torch.equal(hat[k], g[k]) for k in g if k not in w)
+
+
+def test_no_training_while_the_local_model_equals_the_global_one(digits_clients):
+    model = mlp(0)
+    g = weights_of(model)
+    client = client_for(digits_clients[0], model)
+    hat, w, metrics = adapt(client, g, dict(g), {}, AlaSettings(), assemble=lambda h: h)
+    assert w == {} and metrics == {}  # the start phase waits for a real local model
+    assert all(torch.equal(hat[k], g[k]) for k in g)
+
+
+def test_workspace_requires_grad_is_restored(digits_clients):
+    model = mlp(0)
+    g, loc = global_and_local()
+    adapt(client_for(digits_clients[0], model), g, loc, {}, AlaSettings(threshold=1e9),
+          assemble=lambda h: {**g, **h})
+    assert all(p.requires_grad for p in model.parameters())
+
+
+# through the runtime --------------------------------------------------------------------
+def _sim(*extra: str) -> Simulation:
+    return Simulation(prepare(load_config(None, [*DIGITS, *extra])))
+
+
+def _numbers(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "time"}
+
+
+def test_w_persists_per_client_and_never_leaks(monkeypatch):
+    calls: list[tuple[int, int, bool, dict]] = []
+    real = _ala.train_weights
+
+    def spy(client, model_arrays, global_, local, weights, settings, start):
+        calls.append((client.id, client.round, start, {k: v.clone() for k, v in weights.items()}))
+        return real(client, model_arrays, global_, local, weights, settings, start)
+
+    monkeypatch.setattr(_ala, "train_weights", spy)
+    sim = _sim("algorithm.name=fedala", "train.rounds=3")
+    kept: dict[int, dict] = {}
+
+    def after(r, info, rec):
+        kept[r] = {c: unprefixed(s, WEIGHTS) for c, s in sim.states.items()}
+        kept[r] = {c: {k: v.clone() for k, v in w.items()} for c, w in kept[r].items()}
+
+    sim.run(on_round=after)
+    by_round = {r: {c: (start, w) for c, rr, start, w in calls if rr == r} for r in (1, 2, 3)}
+    assert by_round[1] == {}  # round 1: no local model yet, no ALA
+    assert set(by_round[2]) == set(by_round[3]) == {0, 1, 2, 3}
+    for cid in range(4):
+        start2, w2 = by_round[2][cid]
+        start3, w3 = by_round[3][cid]
+        assert start2 and not start3
+        assert all(torch.equal(t, torch.ones_like(t)) for t in w2.values())  # initialised to 1
+        # round 3 starts from exactly what this client kept after round 2, nobody else's
+        assert w3.keys() == kept[2][cid].keys()
+        assert all(torch.equal(w3[k], kept[2][cid][k]) for k in w3)
+    final = kept[3]
+    assert any(not torch.equal(final[0][k], final[1][k]) for k in final[0])  # different data
+    state = sim.states[0]
+    local = unprefixed(state, LOCAL)
+    assert local.keys() == sim.server.keys()
+    assert sim.algorithm.client_model(sim.server, state) == local  # the trained local model
+
+
+def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
+    cfg = load_config(None, [*DIGITS, "algorithm.name=fedala", "train.rounds=4",
+                             "train.client_fraction=0.5"])
+    whole = start(cfg, tmp_path / "whole").run()
+
+    class Killed(Exception):
+        pass
+
+    def kill(r, info, rec):
+        if r == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        start(cfg, tmp_path / "killed").run(on_round=kill)
+    assert _numbers(resume(tmp_path / "killed").run()) == _numbers(whole)
+
+
+def test_fedala_is_fedavg_with_the_plugin():
+    a = _sim("algorithm.name=fedala", "train.rounds=3").run()
+    b = _sim("algorithm.name=fedavg", "algorithm.ala.enabled=true", "train.rounds=3").run()
+    assert {**_numbers(a), "algorithm": None} == {**_numbers(b), "algorithm": None}
+
+
+@pytest.mark.parametrize("name", PLUGIN)
+def test_plugin_runs_and_adds_zero_bytes(name):
+    plain = _sim(f"algorithm.name={name}", "train.rounds=2")
+    with_ala = _sim(f"algorithm.name={name}", "algorithm.ala.enabled=true", "train.rounds=2",
+                    "algorithm.ala.threshold=1.0")
+    assert isinstance(with_ala.algorithm, AdaptiveLocalAggregation)
+    assert isinstance(with_ala.algorithm, ALGORITHMS[name])
+    assert not isinstance(plain.algorithm, AdaptiveLocalAggregation)
+    a, b = plain.run(), with_ala.run()
+    assert a["comm"] == b["comm"]
+    assert b["final"]["personalization"]["acc"] > 0.2  # it learns
+    for cid in range(4):
+        w = unprefixed(with_ala.states[cid], WEIGHTS)
+        assert w, f"client {cid} kept no ALA weights"
+        expected = "head" if name != "fedrep" else "features.1"  # fedrep: top *shared* layer
+        assert {k.rsplit(".", 1)[0] for k in w} == {expected}
+
+
+def test_ditto_applies_ala_to_its_personal_model():
+    sim = _sim("algorithm.name=ditto", "algorithm.ala.enabled=true", "train.rounds=2")
+    sim.run()
+    state = sim.states[0]
+    assert not unprefixed(state, LOCAL)  # the local model is Ditto's own state
+    personal = {k: v for k, v in state.items() if not k.startswith("ala.")}
+    assert personal.keys() == sim.server.keys()
+    assert sim.algorithm.client_model(sim.server, state) == personal
+
+
+@pytest.mark.parametrize("name", ["local", "centralized", "fedala"])
+def test_unsupported_algorithms_reject_the_ala_section(name):
+    with pytest.raises(ConfigError, match=r"algorithm\.ala\.enabled"):
+        prepare(load_config(None, [*DIGITS, f"algorithm.name={name}", "algorithm.ala.enabled=true"]))
+
+
+def test_ala_section_is_validated():
+    with pytest.raises(ConfigError, match=r"algorithm\.ala\.p"):
+        parse_params("fedavg", {"ala": {"enabled": True, "p": 0}})
+    with pytest.raises(ConfigError, match=r"algorithm\.ala\.bogus"):
+        parse_params("fedavg", {"ala": {"bogus": 1}})
+    with pytest.raises(ConfigError, match="section"):
+        parse_params("fedavg", {"ala": True})
+    disabled = _sim("algorithm.name=fedavg", "algorithm.ala.p=2")
+    assert not isinstance(disabled.algorithm, AdaptiveLocalAggregation)
+    assert ALGORITHMS["fedala"].describe_params() == {
+        "p": 1, "s": 80.0, "eta": 1.0, "threshold": 0.1, "max_start_epochs": 100,
+    }
+
+
+# end to end on real data ----------------------------------------------------------------
+def test_fedala_on_mnist_pathological(shared_data):
+    base = [
+        f"data.dir={shared_data}", "data.name=mnist", "data.partition=pathological",
+        "data.num_clients=10", "model.name=mlp", "model.hidden=[64]", "train.rounds=3",
+        "train.batch_size=32", "train.lr=0.05", "eval.every=3", "eval.generalization=false",
+    ]
+    fedala = Simulation(prepare(load_config(None, [*base, "algorithm.name=fedala"]))).run()
+    fedavg = Simulation(prepare(load_config(None, [*base, "algorithm.name=fedavg"]))).run()
+    assert fedala["final"]["personalization"]["acc"] > 0.9  # 2 classes per client
+    assert fedala["final"]["personalization"]["acc"] > fedavg["final"]["personalization"]["acc"]
+    assert fedala["comm"] == fedavg["comm"]
