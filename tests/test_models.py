@@ -15,17 +15,27 @@ BATCH = 3
 VALID = {
     "mlp": [(13,), (9, 128), (1, 8, 8), (3, 16, 16)],
     "cnn": [(1, 8, 8), (1, 16, 16), (1, 28, 28), (3, 32, 32), (2, 16, 24)],
+    "pflcnn": [(1, 16, 16), (1, 28, 28), (3, 32, 32), (2, 16, 24)],
     "cnn1d": [(9, 128), (3, 50), (1, 8)],
+    "cnnbn": [(1, 8, 8), (1, 28, 28), (3, 32, 32)],
+    "cnn1dbn": [(9, 128), (1, 8)],
     "resnet18": [(3, 32, 32), (1, 28, 28), (1, 8, 8)],
     "harcnn": [(9, 128), (3, 100), (1, 28)],
+    "hart": [(6, 128), (3, 128), (1, 32)],
+    "vit_tiny": [(3, 32, 32), (1, 16, 16)],
 }
 
 INVALID = {
     "mlp": [()],
     "cnn": [(64,), (9, 128), (1, 2, 2), (4, 3, 28, 28)],
+    "pflcnn": [(64,), (1, 8, 8), (1, 15, 15)],
     "cnn1d": [(64,), (3, 32, 32), (9, 4)],
+    "cnnbn": [(64,), (9, 128)],
+    "cnn1dbn": [(64,), (3, 32, 32)],
     "resnet18": [(64,), (9, 128)],
     "harcnn": [(64,), (1, 28, 28), (9, 27)],
+    "hart": [(64,), (3, 32, 32), (6, 8)],
+    "vit_tiny": [(64,), (9, 128), (3, 32, 28), (3, 12, 12)],
 }
 
 CASES = [(name, shape) for name, shapes in VALID.items() for shape in shapes]
@@ -74,7 +84,7 @@ def test_param_groups_and_layers(name: str, shape: tuple[int, ...]) -> None:
     layers = model.layers()
     per_layer = [p for layer in layers for p in model.layer_params(layer)]
     assert per_layer == names  # every parameter once, in input-to-output order
-    assert layers[0].startswith("features.")
+    assert layers[0] == "features" or layers[0].startswith("features.")  # ViT: features.pos
     assert model.layer_params(layers[-1]) == groups["head"]
 
 
@@ -114,6 +124,8 @@ def test_embedding_dim_override() -> None:
 def test_cnn_flatten_sizes() -> None:
     for side, flat in ((8, 256), (16, 1024), (28, 3136), (32, 4096)):
         assert _build("cnn", (1, side, side)).get_submodule("features.7").in_features == flat
+    for side, flat in ((16, 64), (28, 1024), (32, 1600)):  # PFLlib's FedAvgCNN: dim 1024 / 1600
+        assert _build("pflcnn", (1, side, side)).get_submodule("features.7").in_features == flat
 
 
 @pytest.mark.parametrize(

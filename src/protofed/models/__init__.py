@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
-from protofed.models.cnn import CNN, build_cnn
-from protofed.models.cnn1d import CNN1D, build_cnn1d
+from protofed.models.cnn import CNN, build_cnn, build_cnnbn, build_pflcnn
+from protofed.models.cnn1d import CNN1D, build_cnn1d, build_cnn1dbn
 from protofed.models.harcnn import HARCNN, build_harcnn
 from protofed.models.mlp import MLP, build_mlp
 from protofed.models.resnet import ResNet18, build_resnet18
+from protofed.models.transformers import HART, ViTTiny, build_hart, build_vit_tiny
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], FedModel]
 
@@ -35,9 +36,21 @@ MODELS: dict[str, ModelInfo] = {
     "cnn": ModelInfo(
         "FedAvg CNN (McMahan et al. 2017): 2 conv5x5 + FC 512, images", build_cnn, "image"
     ),
+    "pflcnn": ModelInfo(
+        "PFLlib's FedAvgCNN (FedALA's 4-layer CNN): cnn without padding, images", build_pflcnn,
+        "image",
+    ),
     "cnn1d": ModelInfo(
         "1-D CNN, 3 conv blocks + global average pool + FC 128, sensor windows",
         build_cnn1d,
+        "sensor",
+    ),
+    "cnnbn": ModelInfo(
+        "cnn with BatchNorm after each convolution (for FedBN), images", build_cnnbn, "image"
+    ),
+    "cnn1dbn": ModelInfo(
+        "cnn1d with BatchNorm after each convolution (for FedBN), sensor windows",
+        build_cnn1dbn,
         "sensor",
     ),
     "resnet18": ModelInfo(
@@ -46,7 +59,18 @@ MODELS: dict[str, ModelInfo] = {
     "harcnn": ModelInfo(
         "PFLlib's HAR CNN: 2 conv9 + FC 1024 + FC 512, sensor windows", build_harcnn, "sensor"
     ),
+    "hart": ModelInfo(
+        "HART, FedAli's HAR transformer: 6 blocks, d=192, frames of 16 (model.alp.* adds ALP)",
+        build_hart,
+        "sensor",
+    ),
+    "vit_tiny": ModelInfo(
+        "Tiny ViT: 6 blocks, d=192, 64 patches, images (model.alp.* adds ALP)",
+        build_vit_tiny,
+        "image",
+    ),
 }
+ALP_MODELS = ("hart", "vit_tiny")  # the models that take model.alp.enabled=true
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FedModel:
@@ -60,6 +84,11 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         raise ConfigError(
             f"model '{cfg.name}' needs at least 1 class; got num_classes={num_classes}"
         )
+    if cfg.alp.enabled and cfg.name not in ALP_MODELS:
+        raise ConfigError(
+            f"model.alp.enabled=true needs a model with ALP layers ({', '.join(ALP_MODELS)}); "
+            f"got model.name '{cfg.name}'"
+        )
     return info.build(cfg, tuple(int(d) for d in input_shape), int(num_classes))
 
 
@@ -67,10 +96,12 @@ __all__ = [
     "CNN",
     "CNN1D",
     "HARCNN",
+    "HART",
     "MLP",
     "MODELS",
     "FedModel",
     "ModelInfo",
     "ResNet18",
+    "ViTTiny",
     "build_model",
 ]

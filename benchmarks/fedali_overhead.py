@@ -1,0 +1,137 @@
+"""FedAli's overhead against FedAvg on the same HART backbone (FedAli's Table 3).
+
+On one real UCI-HAR client (natural partition, subject of client 0): the local training time
+of one `fit` (the algorithm's own client step: `train.local_epochs` epochs of Adam, batch 64;
+FedAli's includes the ALP layers' Sinkhorn plans and EMA updates), alternated between the two
+methods `--repeats` times after one warm-up fit each (median and min reported, so load from other processes hits both
+alike); the model's memory footprint (parameters, buffers, and the trainable part); the bytes
+one client sends up and receives per round; and the server's K-means time for one round of
+30 clients' local prototypes (each client's bank = the initial bank moved by one real `fit`
+of a different client, cycled), with `kmeans_iters` 300 (the default) and 10.
+
+Usage: python benchmarks/fedali_overhead.py [--data-dir ../shared/data] [--repeats 3] [--device cuda]
+Writes benchmarks/out/fedali_overhead.json (or --out; and prints it). Paper (HHAR, GPU): training time
+1.09x, memory 2.38x, communication 1.84x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from protofed.algorithms import Reply
+from protofed.config import load_config
+from protofed.runtime.client import Client
+from protofed.runtime.seeding import torch_generator
+from protofed.runtime.simulation import prepare
+
+CONFIG = "configs/fedali_uci_har_natural.yaml"
+
+
+def nbytes(arrays: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in arrays.values())
+
+
+def setup(name: str, data_dir: str, epochs: int, device: str):
+    overrides = [f"data.dir={data_dir}", "train.threads=1", f"train.local_epochs={epochs}",
+                 f"train.device={device}"]
+    if name == "fedavg":
+        overrides += ["algorithm.name=fedavg", "model.alp.enabled=false"]
+    return prepare(load_config(CONFIG, overrides))
+
+
+def timed_fit(prep, cid: int, round: int) -> tuple[float, dict, dict, dict]:
+    algo, model = prep.algorithm, prep.model
+    server = algo.init_server()
+    message = algo.configure(server, cid, round)
+    client = Client(cid, prep.fed.clients[cid], model, prep.cfg.train, round, torch_generator(0, round, cid))
+    sync = torch.cuda.synchronize if model_device(model).type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    reply, metrics, state = algo.fit(client, message, {})
+    sync()
+    return time.perf_counter() - t0, message, reply, state
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=1, help="local epochs timed per fit")
+    parser.add_argument("--kmeans-clients", type=int, default=30, help="0: skip the server step")
+    parser.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
+    parser.add_argument("--out", default="benchmarks/out/fedali_overhead.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    preps = {name: setup(name, args.data_dir, args.epochs, args.device) for name in ("fedavg", "fedali")}
+    for prep in preps.values():
+        timed_fit(prep, 0, 2)  # warm-up (first-call allocations, oneDNN kernel selection)
+    times: dict[str, list[float]] = {"fedavg": [], "fedali": []}
+    info: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for name, prep in preps.items():
+            seconds, message, reply, state = timed_fit(prep, 0, 2)
+            times[name].append(seconds)
+            model = prep.model
+            info[name] = {
+                "down_bytes": nbytes(message),
+                "up_bytes": nbytes(reply),
+                "model_bytes": nbytes(model.state_dict()),
+                "trainable_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+            }
+    steps = len(prep.fed.clients[0].train_y)
+    machine = platform.processor() or platform.machine()
+    if args.device.startswith("cuda"):
+        machine = torch.cuda.get_device_name()
+    result: dict = {"machine": machine, "device": args.device, "threads": 1,
+                    "client_train_samples": steps, "local_epochs": args.epochs}
+    for name in times:
+        result[name] = {**info[name], "fit_s_median": statistics.median(times[name]),
+                        "fit_s_min": min(times[name]), "fit_s_all": times[name]}
+    ratio = lambda key: result["fedali"][key] / result["fedavg"][key]  # noqa: E731
+    result["ratio"] = {
+        "training_time_median": ratio("fit_s_median"),
+        "training_time_min": ratio("fit_s_min"),
+        "memory_model": ratio("model_bytes"),
+        "communication_round": (result["fedali"]["up_bytes"] + result["fedali"]["down_bytes"])
+        / (result["fedavg"]["up_bytes"] + result["fedavg"]["down_bytes"]),
+    }
+    if args.kmeans_clients > 0:
+        result["server_aggregate"] = kmeans_time(preps["fedali"], args.kmeans_clients)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def kmeans_time(prep, clients: int) -> dict:
+    """The server step over `clients` clients' local prototypes (one real fit per distinct
+    client, cycled), with `kmeans_iters` 10 and 300."""
+    algo = prep.algorithm
+    server = algo.init_server()
+    distinct = min(4, len(prep.fed.clients))
+    replies = [timed_fit(prep, c, 2)[2] for c in range(distinct)]
+    kmeans = {}
+    for iters in (10, 300):
+        algo.params = algo.params.model_copy(update={"kmeans_iters": iters})
+        stream = (Reply(i, dict(replies[i % distinct]), {"num_examples": 100.0 + i})
+                  for i in range(clients))
+        t0 = time.perf_counter()
+        algo.aggregate(server, stream, 2)
+        kmeans[f"kmeans_iters_{iters}_s"] = time.perf_counter() - t0
+    return {"clients": clients, **kmeans}
+
+
+if __name__ == "__main__":
+    main()

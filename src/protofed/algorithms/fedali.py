@@ -1,0 +1,142 @@
+"""FedAli (Ek et al., "FedAli: Personalized Federated Learning Alignment with Prototype Layers
+for Generalized Mobile Services"; section 4, algorithms 1 and 2; official code
+getalp/FedAli).
+
+The model carries ALP layers (protofed/nn/alp.py; `model.alp.enabled=true` with `hart` or
+`vit_tiny`). Each round:
+- down: the global weights (GLU included), every layer's global prototypes, and the round's
+  beta and gamma (scalar buffers of the layers);
+- client: loads them plus its own local prototypes (its runtime state; the model's seeded
+  initial bank before its first round), trains (the ALP layers update the local prototypes
+  by EMA as they go), and sends up its trained weights and its local prototypes, never the
+  global ones; it keeps its local prototypes;
+- server: the sample-weighted mean of the weights (`weighted_mean`), and per ALP layer K-means
+  with G clusters over all clients' local prototypes stacked, started at their sample-weighted
+  average (`protofed.prototypes.kmeans`, one run); the centroids are the next global
+  prototypes.
+
+Evaluation: a client's personalized model is the global weights with its own local
+prototypes (the ALP layers infer with the local bank). The global model is the global
+weights with the global prototypes in both banks (the server has no local memory; this is
+settled here, the paper does not say which bank its global score uses).
+
+Settled here (also in docs/results/fedali.md):
+- beta = 0 in the first round (as the official code; the paper writes 0.2 throughout), then
+  `beta`; `first_round_beta` sets it. Local prototypes still move by EMA in that round.
+- Local training hyperparameters (Adam 1e-4, 5 local epochs, batch 64) are the paper's and
+  live in the configs (`train.*`), not here.
+- K-means runs `kmeans_iters` Lloyd iterations at most (scikit-learn's default 300; the
+  paper does not say); 30 clients x 2048 prototypes x 192 dims is heavy on 2 cores, so the
+  configs may lower it (the measured cost is in docs/results/fedali.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import Field
+
+from protofed.algorithms._aggregate import split_off, weighted_mean
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.errors import ConfigError
+from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
+from protofed.prototypes import kmeans
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+class Params(Hyperparams):
+    beta: float = Field(0.2, ge=0, le=1, description="Alignment coefficient beta (paper: 0.2).")
+    first_round_beta: float = Field(
+        0.0, ge=0, le=1, description="beta in round 1 (official code: 0; the paper's text: 0.2)."
+    )
+    gamma: float = Field(0.999, ge=0, le=1, description="EMA rate of the local prototypes.")
+    kmeans_iters: int = Field(
+        300, ge=1, description="Server K-means iterations per ALP layer (scikit-learn's default)."
+    )
+
+
+def _names(model: Arrays, buffer: str) -> list[str]:
+    return [k for k in model if k.endswith(f".{buffer}")]
+
+
+class FedAli(Algorithm):
+    name = "fedali"
+    summary = "ALP layers: OT-matched local/global prototypes; server K-means of local prototypes."
+    reference = (
+        "Ek et al., FedAli: Personalized Federated Learning Alignment with Prototype Layers "
+        "for Generalized Mobile Services, 2024 (github.com/getalp/FedAli)"
+    )
+    Params = Params
+
+    def __init__(self, params: Params, setting: Setting) -> None:
+        super().__init__(params, setting)
+        init = setting.init_model
+        self.local_names = _names(init, LOCAL)
+        if not self.local_names:
+            raise ConfigError(
+                "fedali needs a model with ALP layers: set model.alp.enabled=true with "
+                "model.name hart or vit_tiny"
+            )
+        self.global_names = [n[: -len(LOCAL)] + GLOBAL for n in self.local_names]
+        self.scalar_names = _names(init, BETA) + _names(init, GAMMA)
+        alp = set(self.local_names) | set(self.global_names) | set(self.scalar_names)
+        self.weight_names = [k for k in init if k not in alp]
+
+    # what each side holds -------------------------------------------------------------
+    def initial_local(self) -> Arrays:
+        """A client's local prototypes before its first round: the model's seeded bank."""
+        return {n: self.setting.init_model[n].clone() for n in self.local_names}
+
+    def init_server(self) -> Arrays:
+        init = self.setting.init_model
+        return {n: init[n] for n in self.weight_names + self.global_names}
+
+    def scalars(self, round: int) -> Arrays:
+        beta = self.params.first_round_beta if round <= 1 else self.params.beta
+        values = {BETA: beta, GAMMA: self.params.gamma}
+        return {n: torch.tensor(values[n.rsplit(".", 1)[1]]) for n in self.scalar_names}
+
+    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+        return {**server, **self.scalars(round)}
+
+    # client -----------------------------------------------------------------------------
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        client.load(message)
+        client.load(state or self.initial_local())
+        metrics = client.train_model()
+        metrics["num_examples"] = float(client.num_examples)
+        trained = client.weights()
+        local = {n: trained[n] for n in self.local_names}
+        reply = {n: trained[n] for n in self.weight_names}
+        reply.update(local)
+        return reply, metrics, {n: t.clone() for n, t in local.items()}
+
+    # server -----------------------------------------------------------------------------
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        banks: list[Arrays] = []
+        weights, seen = weighted_mean(split_off(replies, self.local_names, banks))
+        n = torch.tensor([r.num_examples for r in seen], dtype=torch.float64)
+        new = dict(weights)
+        for local, glob in zip(self.local_names, self.global_names, strict=True):
+            stacked = torch.stack([b[local] for b in banks]).cpu()  # (clients, G, d); K-means on host
+            start = (stacked.double() * (n / n.sum()).view(-1, 1, 1)).sum(0)
+            centroids, _ = kmeans(
+                stacked.reshape(-1, stacked.shape[-1]),
+                stacked.shape[1],
+                init=start.to(stacked.dtype),
+                max_iter=self.params.kmeans_iters,
+            )
+            new[glob] = centroids.to(server[glob].device, server[glob].dtype)
+        return new
+
+    # evaluation -------------------------------------------------------------------------
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return {**message, **(state or self.initial_local())}
+
+    def global_model(self, server: Arrays) -> Arrays | None:
+        banks = {loc: server[glob] for loc, glob in zip(self.local_names, self.global_names, strict=True)}
+        return {**server, **self.scalars(2), **banks}

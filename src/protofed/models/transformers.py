@@ -1,0 +1,260 @@
+"""Small transformers of FedAli: `hart` for sensor windows and `vit_tiny` for 32x32 images.
+
+Both take an optional ALP layer (protofed/nn/alp.py) right after each block's first
+LayerNorm, feeding the attention branch(es); the residual adds the block input, not the ALP
+output (FedAli, section 4.1; notes on the official alp_model.py). `model.alp.*` configures
+them (config.AlpConfig); `model.alp.enabled=false` builds the plain backbone, which is what
+FedAvg, FedProx, FedPer and Local run for the paper's comparison.
+
+HART (Ek et al., "Transformer-based models to deal with heterogeneous environments in human
+activity recognition", 2023), as the official FedAli code builds it: windows cut into
+non-overlapping frames of 16 samples; with 6 channels the accelerometer (first 3) and the
+gyroscope (last 3) frames are projected separately to d/2 each and concatenated, other channel
+counts (HHAR, WISDM: accelerometer only) get one projection to d; a learned position
+embedding; 6 blocks of [LayerNorm, (ALP), three branches over slices of the d dims: 3-head
+self-attention on the first quarter, a "lite" branch of 4 softmax-normalised depthwise
+convolutions along time on the middle half (kernels 3, 7, 15, 31, 31, 31), 3-head
+self-attention on the last quarter, concatenated and added to the input; LayerNorm, MLP
+2d -> d, stochastic depth rising linearly to 0.3, residual]; LayerNorm, mean over tokens,
+a 1024-unit dense layer (ReLU: settled here, the notes do not name it) with dropout 0.3 as the
+embedding, and the classifier head.
+
+ViT-tiny: 64 patches (side / 8 pixels each, so 4x4 for 32x32), d = 192, 6 pre-norm blocks of
+3-head attention and an MLP of 2d (the HART width; settled here to keep it light on 2 cores),
+learned position embedding, final LayerNorm and mean pooling as the embedding (d), no class
+token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protofed.config import AlpConfig, ModelConfig
+from protofed.errors import ConfigError
+from protofed.models.base import FedModel
+from protofed.models.cnn1d import require_sequence
+from protofed.nn.alp import ALP
+
+BLOCKS = 6
+DIM = 192
+FRAME = 16
+HART_KERNELS = (3, 7, 15, 31, 31, 31)
+
+
+def make_alps(cfg: AlpConfig, dim: int, blocks: int) -> list[ALP | None]:
+    """One ALP layer per block from `model.alp` (None everywhere when disabled)."""
+    if not cfg.enabled:
+        return [None] * blocks
+    counts = cfg.prototypes * blocks if len(cfg.prototypes) == 1 else cfg.prototypes
+    if len(counts) != blocks:
+        raise ConfigError(
+            f"model.alp.prototypes needs one count per block ({blocks}) or a single count; "
+            f"got {len(cfg.prototypes)}"
+        )
+    return [
+        ALP(
+            dim,
+            g,
+            epsilon=cfg.epsilon,
+            iterations=cfg.iterations,
+            matching=cfg.matching,
+            topk=cfg.topk,
+            glu=cfg.glu,
+            use_global=cfg.use_global,
+            local_at_inference=cfg.local_at_inference,
+            inference=cfg.inference,
+        )
+        for g in counts
+    ]
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a sample's residual branch with probability p (training only)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = (torch.rand(x.shape[0], *([1] * (x.dim() - 1)), device=x.device) >= self.p)
+        return x * keep.to(x.dtype) / (1 - self.p)
+
+
+class Mlp(nn.Sequential):
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim),
+            nn.Dropout(dropout),
+        )
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention on (B, Z, d), by torch's fused scaled-dot-product kernel."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, z, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, z, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, z, d))
+
+
+class LiteConv(nn.Module):
+    """Lightweight convolution (Wu et al. 2019): `heads` softmax-normalised depthwise kernels
+    along time, each shared by a contiguous group of channels."""
+
+    def __init__(self, dim: int, kernel: int, heads: int = 4) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"LiteConv: {dim} channels do not split into {heads} heads")
+        self.dim, self.kernel, self.heads = dim, kernel, heads
+        self.weight = nn.Parameter(torch.randn(heads, 1, kernel) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, Z, dim)
+        w = self.weight.softmax(dim=-1).repeat_interleave(self.dim // self.heads, dim=0)
+        y = F.conv1d(x.transpose(1, 2), w, padding=self.kernel // 2, groups=self.dim)
+        return y.transpose(1, 2)
+
+
+class HartBlock(nn.Module):
+    def __init__(self, dim: int, kernel: int, drop_path: float, alp: ALP | None) -> None:
+        super().__init__()
+        self.q = dim // 4
+        self.norm1 = nn.LayerNorm(dim)
+        self.alp = alp
+        self.attn_acc = Attention(self.q, heads=3)
+        self.lite = LiteConv(dim - 2 * self.q, kernel)
+        self.attn_gyro = Attention(self.q, heads=3)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, 2 * dim)
+        self.drop = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        if self.alp is not None:
+            h = self.alp(h)
+        q = self.q
+        branches = torch.cat(
+            [self.attn_acc(h[..., :q]), self.lite(h[..., q:-q]), self.attn_gyro(h[..., -q:])], dim=-1
+        )
+        x = x + self.drop(branches)
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class HartFeatures(nn.Module):
+    def __init__(self, channels: int, tokens: int, alps: list[ALP | None], dropout: float) -> None:
+        super().__init__()
+        self.channels, self.tokens = channels, tokens
+        self.split = channels == 6
+        if self.split:  # accelerometer and gyroscope frames projected separately
+            self.proj_acc = nn.Linear(3 * FRAME, DIM // 2)
+            self.proj_gyro = nn.Linear(3 * FRAME, DIM // 2)
+        else:
+            self.proj = nn.Linear(channels * FRAME, DIM)
+        self.pos = nn.Parameter(torch.randn(1, tokens, DIM) * 0.02)
+        rates = torch.linspace(0, 0.3, len(alps)).tolist()
+        self.blocks = nn.ModuleList(
+            HartBlock(DIM, k, r, alp) for k, r, alp in zip(HART_KERNELS, rates, alps, strict=True)
+        )
+        self.norm = nn.LayerNorm(DIM)
+        self.embed = nn.Linear(DIM, 1024)
+        self.dropout = nn.Dropout(dropout)
+
+    def frames(self, x: torch.Tensor, channels: slice) -> torch.Tensor:
+        """(B, C, T) -> (B, Z, c * FRAME): non-overlapping frames of FRAME samples."""
+        part = x[:, channels, : self.tokens * FRAME]
+        b, c, _ = part.shape
+        return part.reshape(b, c, self.tokens, FRAME).permute(0, 2, 1, 3).reshape(b, self.tokens, c * FRAME)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.split:
+            h = torch.cat(
+                [self.proj_acc(self.frames(x, slice(0, 3))), self.proj_gyro(self.frames(x, slice(3, 6)))],
+                dim=-1,
+            )
+        else:
+            h = self.proj(self.frames(x, slice(None)))
+        h = h + self.pos
+        for block in self.blocks:
+            h = block(h)
+        h = self.norm(h).mean(dim=1)
+        return self.dropout(F.relu(self.embed(h)))
+
+
+class HART(FedModel):
+    """Lightweight HAR transformer (6 blocks, d = 192), optional ALP layers; see module doc."""
+
+    def __init__(self, channels: int, time: int, num_classes: int, alp: AlpConfig | None = None) -> None:
+        super().__init__()
+        self.features = HartFeatures(
+            channels, time // FRAME, make_alps(alp or AlpConfig(), DIM, BLOCKS), dropout=0.3
+        )
+        self.head = nn.Linear(1024, num_classes)
+        self.embedding_dim = 1024
+
+
+def build_hart(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> HART:
+    channels, time = require_sequence("hart", input_shape, min_length=FRAME)
+    return HART(channels, time, num_classes, cfg.alp)
+
+
+class VitBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, alp: ALP | None) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.alp = alp
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        if self.alp is not None:
+            h = self.alp(h)
+        x = x + self.attn(h)
+        return x + self.mlp(self.norm2(x))
+
+
+class VitFeatures(nn.Module):
+    def __init__(self, channels: int, side: int, alps: list[ALP | None]) -> None:
+        super().__init__()
+        patch = side // 8
+        self.patchify = nn.Conv2d(channels, DIM, kernel_size=patch, stride=patch)
+        self.pos = nn.Parameter(torch.randn(1, 64, DIM) * 0.02)
+        self.blocks = nn.ModuleList(VitBlock(DIM, 3, alp) for alp in alps)
+        self.norm = nn.LayerNorm(DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.patchify(x).flatten(2).transpose(1, 2) + self.pos
+        for block in self.blocks:
+            h = block(h)
+        return self.norm(h).mean(dim=1)
+
+
+class ViTTiny(FedModel):
+    """ViT with 6 blocks of width 192 on 64 patches; optional ALP layers; see module doc."""
+
+    def __init__(self, channels: int, side: int, num_classes: int, alp: AlpConfig | None = None) -> None:
+        super().__init__()
+        self.features = VitFeatures(channels, side, make_alps(alp or AlpConfig(), DIM, BLOCKS))
+        self.head = nn.Linear(DIM, num_classes)
+        self.embedding_dim = DIM
+
+
+def build_vit_tiny(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> ViTTiny:
+    shape = tuple(input_shape)
+    if len(shape) != 3 or shape[1] != shape[2] or shape[1] % 8 or shape[1] < 8:
+        raise ConfigError(
+            f"model 'vit_tiny' needs square images (channels, side, side) with side a multiple "
+            f"of 8 (64 patches); got input shape {shape}"
+        )
+    return ViTTiny(shape[0], shape[1], num_classes, cfg.alp)

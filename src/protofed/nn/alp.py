@@ -1,0 +1,213 @@
+"""The ALP layer (ALignment with Prototypes) of FedAli, as a reusable torch module.
+
+Ek et al., "FedAli: Personalized Federated Learning Alignment with Prototype Layers for
+Generalized Mobile Services" (section 4.1, algorithm 1). Any transformer block can include it
+on its token stream (B, Z, d); the backbones put it after each block's first LayerNorm.
+
+Two banks of G prototypes (G x d) are buffers, not parameters: no gradient, no optimizer,
+but they are in the state_dict, so they travel as arrays. `local_prototypes` is the client's
+memory (updated by EMA during training, kept on the client); `global_prototypes` come from the
+server (K-means of everyone's local prototypes). `beta` and `gamma` are scalar buffers too,
+so the algorithm sets them per round through the message (beta = 0 in FedAli's first round).
+
+Training (`module.train()`), on the flattened tokens X (N = B*Z, d):
+1. plan = Sinkhorn over cosine similarities to [local; global] (N x 2G), split in two;
+2. each token takes its argmax global prototype (hard assignment);
+3. the matched prototypes (no gradient: stop-gradient below the GLU) go through the GLU;
+4. x_hat = beta * GLU + (1 - beta) * x, L2-normalised per token;
+5. local prototypes: for each, the top-k tokens of its column of the local plan, weights
+   normalised to sum 1, weighted mean x_bar; P <- gamma P + (1 - gamma) x_bar.
+Inference (`module.eval()`): plan over the local prototypes only, argmax, GLU, mix,
+normalise; prototypes never change.
+
+Decisions the paper leaves open (also in docs/results/fedali.md):
+- k = ceil(N / G) as the paper writes (`topk="paper"`); the official code derives k from the
+  batch size only, k = ceil(B / G), effectively 1 (`topk="official"`). k is capped at N.
+- x_bar averages the layer's input tokens as they come (the LayerNorm output), not their
+  normalised copies: prototypes live in the space of the tokens they are mixed into.
+- The GLU takes the raw matched prototypes (they are normalised only to compute cosines).
+- Sinkhorn's plan depends on the other samples of the batch. `inference="sample"` solves one
+  transport problem per sample (its Z tokens against the G prototypes): the same prediction
+  whatever the batch, the batch-independent mode.
+- Ablation variants: `matching="cosine"` / `"euclidean"` replace the plan by a row-wise
+  softmax of score / epsilon (no balancing; argmax = nearest prototype by cosine / by
+  Euclidean distance of the raw vectors); `glu=False` mixes the matched prototypes
+  directly; `use_global=False` aligns to the matched local prototypes in training too;
+  `local_at_inference=False` infers with the global prototypes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protofed.ot import (
+    cosine_kernel,
+    direct_is_safe,
+    gibbs_scalings,
+    sinkhorn_log,
+    sinkhorn_scalings,
+)
+
+Matching = Literal["wasserstein", "cosine", "euclidean"]
+
+LOCAL = "local_prototypes"
+GLOBAL = "global_prototypes"
+BETA = "beta"
+GAMMA = "gamma"
+
+
+class GLU(nn.Module):
+    """Gated linear unit (Dauphin et al. 2017): Linear d -> 2d, then a * sigmoid(b)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.glu(self.proj(x), dim=-1)
+
+
+class ALP(nn.Module):
+    """ALignment with Prototypes on a token stream (..., d); see the module docstring."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_prototypes: int,
+        *,
+        beta: float = 0.2,
+        gamma: float = 0.999,
+        epsilon: float = 0.05,
+        iterations: int = 3,
+        matching: Matching = "wasserstein",
+        topk: Literal["paper", "official"] = "paper",
+        glu: bool = True,
+        use_global: bool = True,
+        local_at_inference: bool = True,
+        inference: Literal["batch", "sample"] = "batch",
+    ) -> None:
+        super().__init__()
+        if matching not in ("wasserstein", "cosine", "euclidean"):
+            raise ValueError(f"ALP: unknown matching '{matching}'")
+        if topk not in ("paper", "official"):
+            raise ValueError(f"ALP: unknown topk rule '{topk}'")
+        if inference not in ("batch", "sample"):
+            raise ValueError(f"ALP: unknown inference mode '{inference}'")
+        self.dim, self.num_prototypes = dim, num_prototypes
+        self.epsilon, self.iterations = epsilon, iterations
+        self.matching, self.topk = matching, topk
+        self.use_global, self.local_at_inference = use_global, local_at_inference
+        self.inference = inference
+        # standard-normal banks, as the paper; the model's seed makes them reproducible
+        self.register_buffer(LOCAL, torch.randn(num_prototypes, dim))
+        self.register_buffer(GLOBAL, torch.randn(num_prototypes, dim))
+        self.register_buffer(BETA, torch.tensor(float(beta)))
+        self.register_buffer(GAMMA, torch.tensor(float(gamma)))
+        self.glu = GLU(dim) if glu else None
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, prototypes={self.num_prototypes}, matching={self.matching}, "
+            f"topk={self.topk}, use_global={self.use_global}, "
+            f"local_at_inference={self.local_at_inference}, inference={self.inference}"
+        )
+
+    # matching ---------------------------------------------------------------------------
+    def match(
+        self, tokens: torch.Tensor, prototypes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plan of tokens (..., N, d) to prototypes (G, d) as (kernel, u, v).
+
+        plan = u[..., :, None] * kernel * v[..., None, :] (ot.sinkhorn_scalings), so a row's
+        argmax is that of kernel * v and a column's ranking that of u * kernel: the plan
+        itself is never formed. Where the direct form is not safe the dense log-domain plan
+        comes back as the kernel with unit scalings.
+        """
+        iterations = self.iterations if self.matching == "wasserstein" else 0
+        if self.matching != "euclidean":
+            kernel = cosine_kernel(tokens, prototypes, self.epsilon)
+            if kernel is not None:
+                return (kernel, *gibbs_scalings(kernel, iterations))
+            scores = F.normalize(tokens, dim=-1) @ F.normalize(prototypes, dim=-1).transpose(-2, -1)
+        else:
+            scores = -torch.cdist(tokens, prototypes.expand(*tokens.shape[:-2], -1, -1))
+        if direct_is_safe(scores, self.epsilon):
+            return sinkhorn_scalings(scores, self.epsilon, iterations)
+        plan = sinkhorn_log(scores, self.epsilon, iterations).exp()
+        return plan, plan.new_ones(plan.shape[:-1]), plan.new_ones(*plan.shape[:-2], plan.shape[-1])
+
+    def plan(self, tokens: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+        """The dense assignment plan (..., N, G) (for tests and analysis)."""
+        kernel, u, v = self.match(tokens, prototypes)
+        return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+
+    def topk_count(self, num_tokens: int, batch_size: int) -> int:
+        """Tokens per prototype in the EMA target: the paper's ceil(B*Z/G) or the code's."""
+        n = num_tokens if self.topk == "paper" else batch_size
+        return max(1, min(num_tokens, math.ceil(n / self.num_prototypes)))
+
+    @torch.no_grad()
+    def update_local(self, tokens: torch.Tensor, column_scores: torch.Tensor, batch_size: int) -> None:
+        """Step 5: EMA of each local prototype toward its top-k tokens' weighted mean.
+
+        `column_scores` (N, G) is the local plan up to a positive factor per column, which
+        the normalisation of the top-k weights cancels.
+        """
+        k = self.topk_count(len(tokens), batch_size)
+        if k == 1:  # the common case (G >= N): max is much cheaper than topk
+            weights, index = column_scores.max(dim=0, keepdim=True)
+        else:
+            weights, index = column_scores.topk(k, dim=0)  # (k, G): each prototype's top-k tokens
+        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        target = (weights.unsqueeze(-1) * tokens[index]).sum(dim=0)  # (G, d)
+        bank = getattr(self, LOCAL)
+        bank.mul_(self.gamma).add_((1 - self.gamma) * target.to(bank.dtype))
+
+    @torch.no_grad()
+    def _matched(self, x: torch.Tensor) -> torch.Tensor:
+        """Steps 1, 2 (and 5 in training): the prototype matched to every token (..., d)."""
+        shape = x.shape
+        local, glob = getattr(self, LOCAL), getattr(self, GLOBAL)
+        g = len(local)
+        if self.training:
+            flat = x.reshape(-1, self.dim).detach()
+            banks = torch.cat([local, glob]) if self.use_global else local
+            kernel, u, v = self.match(flat, banks)
+            # hard assignment: argmax of the global (or, without it, the local) part of the plan
+            part = slice(g, 2 * g) if self.use_global else slice(0, g)
+            index = (kernel[:, part] * v[part]).argmax(dim=1)
+            matched = banks[part].index_select(0, index)  # a copy: the EMA cannot alias it
+            local_columns = u.unsqueeze(1) * kernel[:, :g]
+            self.update_local(flat, local_columns, batch_size=shape[0] if x.dim() > 2 else 1)
+            return matched.reshape(shape)
+        bank = local if self.local_at_inference else glob
+        per_sample = self.inference == "sample" and x.dim() > 2
+        tokens = x.reshape(shape[0], -1, self.dim) if per_sample else x.reshape(-1, self.dim)
+        kernel, _, v = self.match(tokens, bank)
+        index = (kernel * v.unsqueeze(-2)).argmax(dim=-1)
+        return bank.index_select(0, index.reshape(-1)).reshape(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        beta = float(self.beta)
+        if beta == 0.0 and not self.training:
+            return F.normalize(x, dim=-1)  # nothing to align with: skip the matching
+        matched = self._matched(x)  # no_grad: the stop-gradient below the GLU
+        if beta == 0.0:
+            return F.normalize(x, dim=-1)  # training still updates the local prototypes
+        aligned = self.glu(matched) if self.glu is not None else matched
+        return F.normalize(beta * aligned + (1 - beta) * x, dim=-1)
+
+
+def alp_layers(model: nn.Module) -> dict[str, ALP]:
+    """The model's ALP layers by module name, in forward order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, ALP)}
+
+
+def alp_buffer_names(model: nn.Module, buffer: str) -> list[str]:
+    """State-dict names of one buffer (`LOCAL`, `GLOBAL`, `BETA`, `GAMMA`) of every ALP layer."""
+    return [f"{name}.{buffer}" for name in alp_layers(model)]

@@ -1,0 +1,335 @@
+"""FedAli: the ALP layer's invariants, the backbones, the algorithm, and a short real run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from protofed.algorithms import Reply, Setting, build_algorithm
+from protofed.algorithms.fedali import FedAli
+from protofed.config import ModelConfig, TrainConfig, load_config
+from protofed.data.federated import ClientData
+from protofed.errors import ConfigError
+from protofed.models import build_model
+from protofed.nn.alp import ALP, alp_layers
+from protofed.runtime.client import Client
+from protofed.runtime.simulation import Simulation, prepare
+
+D = 8
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """2 shared cores: intra-op threads only contend (conftest restores the count)."""
+    torch.set_num_threads(1)
+
+
+def _layer(g: int = 6, **kw) -> ALP:
+    torch.manual_seed(0)
+    layer = ALP(D, g, **kw)
+    with torch.no_grad():
+        layer.glu.proj.weight.normal_() if layer.glu is not None else None
+    return layer
+
+
+def _tokens(b: int = 5, z: int = 4, seed: int = 1) -> torch.Tensor:
+    return torch.randn(b, z, D, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+# the ALP layer ------------------------------------------------------------------------------
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("matching", ["wasserstein", "cosine", "euclidean"])
+def test_output_keeps_the_shape_and_has_unit_norm(training: bool, matching: str) -> None:
+    layer = _layer(matching=matching).train(training)
+    x = _tokens()
+    out = layer(x)
+    assert out.shape == x.shape
+    assert torch.allclose(out.norm(dim=-1), torch.ones(5, 4), atol=1e-5)
+    assert not torch.allclose(out, F.normalize(x, dim=-1))  # beta = 0.2 moved it
+
+
+def test_prototypes_are_buffers_and_never_enter_the_autograd_graph() -> None:
+    layer = _layer()
+    names = dict(layer.named_parameters())
+    assert not any("prototypes" in n for n in names)
+    assert {"local_prototypes", "global_prototypes", "beta", "gamma"} <= set(layer.state_dict())
+    for bank in (layer.local_prototypes, layer.global_prototypes):
+        bank.requires_grad_(True)  # even if someone asks for it, the layer stops the gradient
+    x = _tokens().requires_grad_(True)
+    for training in (True, False):
+        out = layer.train(training)(x)
+        grads = torch.autograd.grad(
+            out.sum(), [x, layer.local_prototypes, layer.global_prototypes, layer.glu.proj.weight],
+            allow_unused=True,
+        )
+        assert grads[0] is not None and grads[3] is not None  # input and GLU are trained
+        assert grads[1] is None and grads[2] is None  # the prototypes are not
+
+
+def _reference_ema(layer: ALP, x: torch.Tensor) -> torch.Tensor:
+    """Step 5 written out from the dense plan: each prototype's top-k tokens, weighted mean."""
+    flat = x.reshape(-1, D)
+    g = layer.num_prototypes
+    plan = layer.plan(flat, torch.cat([layer.local_prototypes, layer.global_prototypes]))[:, :g]
+    k = math.ceil(len(flat) / g)
+    target = torch.empty(g, D)
+    for j in range(g):
+        w, idx = plan[:, j].topk(k)
+        target[j] = (w / w.sum()) @ flat[idx]
+    return layer.gamma * layer.local_prototypes + (1 - layer.gamma) * target, target
+
+
+def test_an_ema_step_moves_every_local_prototype_toward_its_assigned_tokens() -> None:
+    layer = _layer(g=6, gamma=0.9).train()
+    x = _tokens(b=5, z=4)  # 20 tokens, 6 prototypes: k = ceil(20 / 6) = 4
+    assert layer.topk_count(20, 5) == 4
+    expected, target = _reference_ema(layer, x)
+    before = layer.local_prototypes.clone()
+    glob = layer.global_prototypes.clone()
+    layer(x)
+    assert torch.allclose(layer.local_prototypes, expected, atol=1e-5)
+    assert torch.all((layer.local_prototypes - target).norm(dim=1) < (before - target).norm(dim=1))
+    assert torch.equal(layer.global_prototypes, glob)  # only the server changes those
+
+
+def test_topk_rules_paper_and_official() -> None:
+    paper, official = _layer(g=64), _layer(g=64, topk="official")
+    assert paper.topk_count(64 * 8, 64) == 8  # ceil(B * Z / G)
+    assert official.topk_count(64 * 8, 64) == 1  # ceil(B / G): k = 1 for FedAli's G >= 64
+    assert _layer(g=2048).topk_count(512, 64) == 1
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_beta_zero_returns_the_normalised_input(training: bool) -> None:
+    layer = _layer().train(training)
+    layer.beta.fill_(0.0)
+    x = _tokens()
+    assert torch.allclose(layer(x), F.normalize(x, dim=-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("inference", ["batch", "sample"])
+@pytest.mark.parametrize("matching", ["wasserstein", "cosine", "euclidean"])
+def test_inference_never_changes_prototypes(inference: str, matching: str) -> None:
+    layer = _layer(inference=inference, matching=matching).eval()
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    with torch.no_grad():
+        layer(_tokens())
+    layer(_tokens(seed=3))  # with autograd on, too
+    assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+
+
+def test_training_aligns_to_global_prototypes_and_inference_to_local_ones() -> None:
+    layer = _layer(g=5, glu=False)
+    x = _tokens()
+    flat = x.reshape(-1, D)
+    beta = float(layer.beta)
+    # inference: each token is mixed with its argmax local prototype of the local-only plan
+    layer.eval()
+    idx = layer.plan(flat, layer.local_prototypes).argmax(1)
+    expected = F.normalize(beta * layer.local_prototypes[idx] + (1 - beta) * flat, dim=-1)
+    assert torch.allclose(layer(x).reshape(-1, D), expected, atol=1e-5)
+    # training: the argmax over the global half of the joint plan
+    layer.train()
+    banks = torch.cat([layer.local_prototypes, layer.global_prototypes])
+    idx = layer.plan(flat, banks)[:, 5:].argmax(1)
+    expected = F.normalize(beta * layer.global_prototypes[idx] + (1 - beta) * flat, dim=-1)
+    assert torch.allclose(layer(x).reshape(-1, D), expected, atol=1e-5)
+
+
+def test_ablation_switches() -> None:
+    x = _tokens()
+    flat = x.reshape(-1, D)
+    no_local = _layer(g=5, glu=False, local_at_inference=False).eval()
+    idx = no_local.plan(flat, no_local.global_prototypes).argmax(1)
+    beta = float(no_local.beta)
+    expected = F.normalize(beta * no_local.global_prototypes[idx] + (1 - beta) * flat, dim=-1)
+    assert torch.allclose(no_local(x).reshape(-1, D), expected, atol=1e-5)
+    no_global = _layer(g=5, glu=False, use_global=False).train()
+    bank = no_global.local_prototypes.clone()
+    idx = no_global.plan(flat, bank).argmax(1)
+    expected = F.normalize(beta * bank[idx] + (1 - beta) * flat, dim=-1)
+    assert torch.allclose(no_global(x).reshape(-1, D), expected, atol=1e-5)
+    cosine = _layer(g=5, matching="cosine").eval()
+    cos = F.normalize(flat, dim=-1) @ F.normalize(cosine.local_prototypes, dim=-1).T
+    assert torch.equal(cosine.plan(flat, cosine.local_prototypes).argmax(1), cos.argmax(1))
+    euclid = _layer(g=5, matching="euclidean").eval()
+    dist = torch.cdist(flat, euclid.local_prototypes)
+    assert torch.equal(euclid.plan(flat, euclid.local_prototypes).argmax(1), dist.argmin(1))
+
+
+def test_sample_mode_is_batch_independent() -> None:
+    layer = _layer(g=6, inference="sample").eval()
+    x = _tokens(b=6)
+    with torch.no_grad():
+        together = layer(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(6)])
+    assert torch.allclose(together, alone, atol=1e-6)
+
+
+def test_small_epsilon_uses_the_log_domain_and_stays_finite() -> None:
+    layer = _layer(epsilon=1e-3).train()
+    out = layer(_tokens())
+    assert torch.isfinite(out).all() and torch.isfinite(layer.local_prototypes).all()
+
+
+# backbones ----------------------------------------------------------------------------------
+ALP_SMALL = {"enabled": True, "prototypes": [8, 8, 4, 4, 2, 2]}
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"), [("hart", (6, 128)), ("hart", (3, 128)), ("vit_tiny", (3, 32, 32))]
+)
+@pytest.mark.parametrize("alp", [False, True])
+def test_backbones_have_features_head_and_one_alp_per_block(name, shape, alp) -> None:
+    model = build_model(ModelConfig(name=name, alp=ALP_SMALL if alp else {}), shape, 5)
+    x = torch.randn(3, *shape)
+    emb = model.features(x)
+    assert emb.shape == (3, model.embedding_dim)
+    assert model(x).shape == (3, 5)
+    layers = alp_layers(model)
+    assert len(layers) == (6 if alp else 0)
+    if alp:
+        assert [m.num_prototypes for m in layers.values()] == ALP_SMALL["prototypes"]
+        assert all(n.endswith(".alp") for n in layers)
+        assert not any("prototypes" in n for n, _ in model.named_parameters())
+
+
+def test_alp_config_errors() -> None:
+    with pytest.raises(ConfigError, match="model.alp.enabled"):
+        build_model(ModelConfig(name="mlp", alp={"enabled": True}), (6, 128), 6)
+    with pytest.raises(ConfigError, match="one count per block"):
+        build_model(ModelConfig(name="hart", alp={"enabled": True, "prototypes": [4, 4]}), (6, 128), 6)
+    with pytest.raises(ConfigError, match="vit_tiny"):
+        build_model(ModelConfig(name="vit_tiny"), (3, 30, 30), 6)
+
+
+def test_paper_default_prototype_counts() -> None:
+    assert ModelConfig().alp.prototypes == [2048, 1024, 512, 256, 128, 64]
+    assert FedAli.describe_params() == {
+        "beta": 0.2, "first_round_beta": 0.0, "gamma": 0.999, "kmeans_iters": 300
+    }
+
+
+# the algorithm ------------------------------------------------------------------------------
+def _setting(model) -> Setting:
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    return Setting(num_clients=3, num_classes=4, train=TrainConfig(), init_model=init)
+
+
+def _model():
+    torch.manual_seed(0)
+    return build_model(ModelConfig(name="hart", alp=ALP_SMALL), (3, 32), 4)
+
+
+def _client(model, cid: int, rounds: int = 1) -> Client:
+    g = torch.Generator().manual_seed(cid)
+    x, y = torch.randn(24, 3, 32, generator=g), torch.arange(24) % 4
+    data = ClientData(name=str(cid), group=None, train_x=x, train_y=y, val_x=x[:4], val_y=y[:4], test_x=x[:4], test_y=y[:4])
+    train = TrainConfig(optimizer="adam", lr=1e-3, batch_size=8, local_epochs=1)
+    return Client(cid, data, model, train, rounds, g)
+
+
+def test_fedali_requires_alp_layers() -> None:
+    model = build_model(ModelConfig(name="hart"), (3, 32), 4)
+    with pytest.raises(ConfigError, match="model.alp.enabled=true"):
+        build_algorithm("fedali", {}, _setting(model))
+
+
+def test_messages_replies_and_state_carry_the_right_prototypes() -> None:
+    model = _model()
+    algo = build_algorithm("fedali", {}, _setting(model))
+    server = algo.init_server()
+    assert not any(k.endswith("local_prototypes") for k in server)
+    first, later = algo.configure(server, 0, 1), algo.configure(server, 0, 2)
+    betas = [k for k in first if k.endswith(".beta")]
+    assert len(betas) == 6
+    assert all(float(first[k]) == 0.0 and float(later[k]) == pytest.approx(0.2) for k in betas)
+    client = _client(model, 0)
+    reply, metrics, state = algo.fit(client, later, {})
+    assert metrics["num_examples"] == 24
+    assert set(state) == {k for k in reply if k.endswith("local_prototypes")} and len(state) == 6
+    assert not any(k.endswith(("global_prototypes", ".beta", ".gamma")) for k in reply)
+    init = algo.setting.init_model
+    moved = [not torch.equal(state[k], init[k]) for k in state]
+    assert all(moved)  # EMA ran during local training
+    params = dict(model.named_parameters())
+    assert all(k in reply for k in params)  # every trainable weight goes up, GLU included
+    assert any(".alp.glu." in k for k in reply)
+    # personalized model = global weights + the client's local prototypes
+    personal = algo.client_model(later, state)
+    assert set(personal) == set(model.state_dict())
+    assert all(torch.equal(personal[k], state[k]) for k in state)
+    # global model = global weights + the global prototypes in both banks
+    glob = algo.global_model(server)
+    for k in state:
+        assert torch.equal(glob[k], server[k.replace("local_", "global_")])
+    # a second round starts from the kept local prototypes
+    reply2, _, state2 = algo.fit(_client(model, 0, 2), later, state)
+    assert not torch.equal(state2[next(iter(state))], state[next(iter(state))])
+
+
+def test_kmeans_on_identical_clients_returns_their_mean() -> None:
+    model = _model()
+    algo = build_algorithm("fedali", {"kmeans_iters": 5}, _setting(model))
+    server = algo.init_server()
+    reply, _, _ = algo.fit(_client(model, 0), algo.configure(server, 0, 2), {})
+    replies = [Reply(i, dict(reply), {"num_examples": float(n)}) for i, n in enumerate([10, 30, 5])]
+    new = algo.aggregate(server, iter(replies), 1)
+    for local in algo.local_names:
+        glob = local.replace("local_", "global_")
+        assert torch.allclose(new[glob], reply[local], atol=1e-5)
+    for k in algo.weight_names:
+        assert torch.allclose(new[k], reply[k], atol=1e-6)
+
+
+def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_mean() -> None:
+    model = _model()
+    algo = build_algorithm("fedali", {"kmeans_iters": 1}, _setting(model))
+    server = algo.init_server()
+    msg = algo.configure(server, 0, 2)
+    r0, _, _ = algo.fit(_client(model, 0), msg, {})
+    r1, _, _ = algo.fit(_client(model, 1), msg, {})
+    new = algo.aggregate(server, iter([Reply(0, r0, {"num_examples": 1.0}), Reply(1, r1, {"num_examples": 3.0})]), 2)
+    name = algo.weight_names[0]
+    assert torch.allclose(new[name], 0.25 * r0[name] + 0.75 * r1[name], atol=1e-6)
+    # K-means stays near its start (the weighted mean): one Lloyd step moves each centroid
+    # to the mean of its members, all within the two clients' prototypes' hull
+    local = algo.local_names[-1]
+    start = 0.25 * r0[local] + 0.75 * r1[local]
+    glob = new[local.replace("local_", "global_")]
+    assert glob.shape == start.shape
+    assert (glob - start).norm(dim=1).max() <= (r0[local] - r1[local]).norm(dim=1).max() + 1e-4
+
+
+# a short real run ---------------------------------------------------------------------------
+def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
+    """Real UCI-HAR windows (every third) of 4 subjects, 6 channels (total acc + body gyro)."""
+    raw = np.load(shared_data / "har" / "uci_har.npz", allow_pickle=False)
+    channels = [str(c) for c in raw["channels"]]
+    pick = [channels.index(f"{kind}_{axis}") for kind in ("total_acc", "body_gyro") for axis in "xyz"]
+    keep = np.isin(raw["subject"], [1, 3, 5, 6]) & (np.arange(len(raw["y"])) % 3 == 0)  # fast
+    path = tmp_path / "uci_har_4.npz"
+    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
+    cfg = load_config(None, [
+        "data.name=arrays", f"data.path={path}", "data.partition=natural",
+        "model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[16,16,8,8,4,4]",
+        "train.rounds=2", "train.local_epochs=1", "train.batch_size=32", "train.optimizer=adam",
+        "train.lr=0.002", "train.threads=1", "eval.every=2", "eval.batch_size=256",
+        "algorithm.name=fedali", "algorithm.kmeans_iters=10",
+    ])
+    summary = Simulation(prepare(cfg)).run()
+    final = summary["final"]
+    assert summary["rounds"] == 2
+    assert final["personalization"]["acc"] > 0.3  # 6 classes: chance is about 0.17
+    assert final["generalization"]["acc"] > 0.3
+    assert final["global"] is not None and final["global"]["acc"] > 0.3
+    # up: weights + local prototypes; down: weights + global prototypes + 12 scalars (beta,
+    # gamma of the 6 layers): the same size but for those scalars, for the 4 clients
+    comm = summary["comm"]
+    assert comm["down_bytes_per_round"] - comm["up_bytes_per_round"] == 4 * 12 * 4
+    protos = sum(g * 192 * 4 for g in [16, 16, 8, 8, 4, 4])
+    assert comm["up_bytes_per_round"] > 4 * protos

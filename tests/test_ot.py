@@ -1,0 +1,116 @@
+"""Sinkhorn-Knopp (protofed.ot): marginals, agreement with references, numerical safety."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from protofed.ot import cosine_kernel, gibbs_scalings, sinkhorn, sinkhorn_log, sinkhorn_scalings
+
+
+def _cosines(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=g) * 2 - 1
+
+
+def _swav_numpy(scores: np.ndarray, epsilon: float, iterations: int) -> np.ndarray:
+    """The SwAV recipe written out densely in float64: the independent reference."""
+    q = np.exp(scores / epsilon)
+    q /= q.sum()
+    n, k = q.shape
+    for _ in range(iterations):
+        q /= q.sum(axis=0, keepdims=True)
+        q /= k
+        q /= q.sum(axis=1, keepdims=True)
+        q /= n
+    return q
+
+
+@pytest.mark.parametrize("log_domain", [True, False])
+def test_marginals_are_uniform_after_enough_iterations(log_domain: bool) -> None:
+    scores = _cosines(4, 40, 25)  # a batch of four problems
+    plan = sinkhorn(scores, epsilon=0.1, iterations=200, log_domain=log_domain)
+    n, k = scores.shape[-2:]
+    assert plan.shape == scores.shape
+    assert torch.all(plan >= 0)
+    assert torch.allclose(plan.sum(-1) * n, torch.ones(4, n), atol=1e-3)
+    assert torch.allclose(plan.sum(-2) * k, torch.ones(4, k), atol=1e-3)
+
+
+def test_few_iterations_balance_the_points_exactly_and_the_prototypes_roughly() -> None:
+    scores = _cosines(64, 32, seed=1)
+    plan = sinkhorn(scores, epsilon=0.05, iterations=3)
+    assert torch.allclose(plan.sum(1) * 64, torch.ones(64), atol=1e-4)
+    col = plan.sum(0) * 32
+    # three iterations bring every prototype's mass far closer to 1/K than the raw kernel
+    raw = torch.softmax(scores / 0.05, dim=1).sum(0) / 64 * 32
+    assert (col - 1).abs().max() < 0.5 * (raw - 1).abs().max()
+
+
+@pytest.mark.parametrize("iterations", [0, 1, 3, 10])
+def test_agrees_with_a_dense_numpy_reference(iterations: int) -> None:
+    scores = _cosines(30, 12, seed=2)
+    expected = _swav_numpy(scores.double().numpy(), 0.05, iterations)
+    for log_domain in (True, False):
+        plan = sinkhorn(scores, 0.05, iterations, log_domain=log_domain)
+        if iterations == 0:  # point-to-point: the rows of the Gibbs kernel, normalised
+            expected = np.exp(scores.double().numpy() / 0.05)
+            expected /= expected.sum(1, keepdims=True) * 30
+        np.testing.assert_allclose(plan.double().numpy(), expected, rtol=1e-4, atol=1e-9)
+
+
+def test_agrees_with_pot_at_convergence() -> None:
+    ot = pytest.importorskip("ot")  # POT, the dev extra: an independent implementation
+    scores = _cosines(20, 15, seed=3).double()
+    a, b = np.full(20, 1 / 20), np.full(15, 1 / 15)
+    reference = ot.sinkhorn(a, b, -scores.numpy(), reg=0.1, numItermax=10_000, stopThr=1e-12)
+    plan = sinkhorn(scores, epsilon=0.1, iterations=1000)
+    np.testing.assert_allclose(plan.double().numpy(), reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("epsilon", [1e-4, 1e-3, 0.01])
+def test_small_epsilon_stays_finite_and_balanced(epsilon: float) -> None:
+    scores = _cosines(50, 20, seed=4)
+    plan = sinkhorn(scores, epsilon=epsilon, iterations=500)
+    assert torch.isfinite(plan).all()
+    assert torch.allclose(plan.sum(1) * 50, torch.ones(50), atol=1e-3)
+    # the naive form overflows here: that is the failure the log domain avoids
+    if epsilon <= 1e-3:
+        assert not torch.isfinite(torch.exp(scores / epsilon)).all()
+
+
+def test_direct_form_is_refused_where_unsafe_and_matches_the_log_domain_where_safe() -> None:
+    scores = _cosines(40, 30, seed=5)
+    with pytest.raises(ValueError, match="not safe"):
+        sinkhorn(scores, epsilon=0.01, log_domain=False)
+    kernel, u, v = sinkhorn_scalings(scores, 0.05, 3)
+    dense = u[:, None] * kernel * v[None, :]
+    assert torch.allclose(dense, sinkhorn_log(scores, 0.05, 3).exp(), atol=1e-7)
+
+
+def test_bounded_cosine_kernel_gives_the_same_plan() -> None:
+    g = torch.Generator().manual_seed(6)
+    x, p = torch.randn(48, 16, generator=g), torch.randn(20, 16, generator=g)
+    kernel = cosine_kernel(x, p, 0.05)
+    assert kernel is not None and kernel.max() <= 1.0
+    u, v = gibbs_scalings(kernel, 3)
+    cos = torch.nn.functional.normalize(x, dim=1) @ torch.nn.functional.normalize(p, dim=1).T
+    assert torch.allclose(u[:, None] * kernel * v[None, :], sinkhorn_log(cos, 0.05, 3).exp(), atol=1e-6)
+    assert cosine_kernel(x, p, 0.01) is None  # outside the proven range: caller goes log-domain
+
+
+def test_batched_problems_are_independent() -> None:
+    scores = _cosines(3, 10, 7, seed=7)
+    batched = sinkhorn(scores, 0.05, 3)
+    for i in range(3):
+        assert torch.allclose(batched[i], sinkhorn(scores[i], 0.05, 3), atol=1e-7)
+
+
+def test_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        sinkhorn(torch.zeros(3, 3), epsilon=0.0)
+    with pytest.raises(ValueError):
+        sinkhorn(torch.zeros(3, 3), iterations=-1)
+    with pytest.raises(ValueError):
+        sinkhorn(torch.zeros(3))
