@@ -83,12 +83,24 @@ def run(
     resume_dir: Annotated[Path | None, typer.Option("--resume", help="Continue a killed run.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty --out.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="builtin, or flower (Flower's simulation engine; docs/flower.md).",
+    )] = "builtin",
 ) -> None:
     """Run one experiment and write its run directory."""
     from protofed.runtime.simulation import resume, start
 
     try:
+        if engine not in ("builtin", "flower"):
+            raise ConfigError(f"unknown --engine '{engine}' (builtin or flower)")
+        if engine == "flower":
+            from protofed.flower import require_flower
+
+            require_flower()
+            from protofed.flower.engine import start  # noqa: F811 - same signature, Flower engine
         if resume_dir is not None:
+            if engine == "flower":
+                raise ConfigError("Flower runs keep client states on the nodes: no --resume")
             if config is not None or set_:
                 raise ConfigError("--resume takes the run directory's own config; drop CONFIG and -s")
             from protofed.runs import RunDir
@@ -159,8 +171,12 @@ def list_() -> None:
 
 @app.command()
 def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `protofed list`).")]) -> None:
-    """An algorithm's reference and its hyperparameters with defaults and meaning."""
+    """An algorithm's reference and its hyperparameters with defaults and meaning.
+
+    For an algorithm that takes the ALA plug-in, its `ala.*` keys too.
+    """
     from protofed.algorithms import algorithm_class
+    from protofed.algorithms._ala import ALA_KEY, AlaParams, supports_ala
 
     try:
         cls = algorithm_class(name)
@@ -174,11 +190,26 @@ def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `proto
     for col in ("name", "type", "default", "meaning"):
         table.add_column(col)
     for key, field in cls.Params.model_fields.items():
-        kind = getattr(field.annotation, "__name__", str(field.annotation))
-        table.add_row(key, kind, repr(field.default), field.description or "")
+        table.add_row(key, _type_name(field.annotation), repr(field.default), field.description or "")
     if not cls.Params.model_fields:
         table.add_row("-", "-", "-", "no hyperparameters")
+    if supports_ala(cls):  # the ALA plug-in's keys, `enabled` first
+        table.add_section()
+        fields = AlaParams.model_fields
+        for key in sorted(fields, key=lambda k: k != "enabled"):
+            field = fields[key]
+            table.add_row(f"{ALA_KEY}.{key}", _type_name(field.annotation), repr(field.default),
+                          f"ALA plug-in: {field.description or ''}")
     console.print(table)
+
+
+def _type_name(annotation) -> str:
+    """int, float | None, 'hat' | 'trained': as a user writes the value."""
+    from typing import Literal, get_args, get_origin
+
+    if get_origin(annotation) is Literal:
+        return " | ".join(repr(a) for a in get_args(annotation))
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
 @app.command()

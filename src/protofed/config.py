@@ -1,6 +1,7 @@
 """The experiment config: typed, validated, and settable key by key from the command line.
 
-A config is YAML with five sections (data, model, algorithm, train, eval) plus `seed`. Every
+A config is YAML with five sections (data, model, algorithm, train, eval) plus `seed` (and
+`flower`, read only by the Flower engine). Every
 key can be overridden with `-s section.key=value`; values are parsed as YAML scalars, so
 `-s train.lr=0.01` is a float and `-s data.channels=[0,1,2]` a list. Unknown keys and wrong
 types are errors that name the key. Algorithm hyperparameters live under `algorithm.` and are
@@ -22,12 +23,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class DynamicConfig(_Section):
+    """Classes withheld from some clients at the start and given back on a schedule.
+
+    FedSub's dynamic scenario: `client_fraction` of the clients (chosen from the seed) each
+    lose `classes` of their classes (never all: one class with train and test samples stays);
+    every `every` rounds each of them gets one back, in train, val and test alike
+    (runtime/dynamic.py). Any algorithm runs on it: the runtime masks the data it hands out.
+    """
+
+    enabled: bool = False
+    client_fraction: float = Field(0.6, gt=0, le=1, description="Share of clients that lose classes.")
+    classes: int = Field(1, ge=1, description="Classes withheld per chosen client (capped).")
+    every: int = Field(50, ge=1, description="Rounds between two returns of a withheld class.")
+
+
 class DataConfig(_Section):
     name: str = "digits"
     partition: Literal["iid", "dirichlet", "pathological", "natural", "mixed"] = "dirichlet"
     num_clients: int = Field(10, ge=1)
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (label skew).")
     classes_per_client: int = Field(2, ge=1, description="pathological / mixed: classes per client.")
+    classes_spread: int = Field(
+        0, ge=0, description="mixed: each client draws its class count uniformly from "
+        "classes_per_client +- classes_spread (PFPL's 'average n'); 0: exactly classes_per_client."
+    )
     min_size: int = Field(10, ge=1, description="dirichlet: minimum samples per client.")
     max_retries: int = Field(100, ge=1, description="dirichlet: redraws before giving up.")
     channels: str | list[int | str] = Field(
@@ -44,6 +64,9 @@ class DataConfig(_Section):
     group_column: str | None = None
     image_size: int | None = Field(None, ge=4, description="Resize images to this side.")
     dir: str | None = Field(None, description="Data root; else PROTOFED_DATA; else a cache dir.")
+    dynamic: DynamicConfig = Field(
+        default_factory=DynamicConfig, description="Classes withheld and given back over rounds."
+    )
 
     @field_validator("split")
     @classmethod
@@ -53,10 +76,48 @@ class DataConfig(_Section):
         return v
 
 
+class AlpConfig(_Section):
+    """FedAli's ALP layers (protofed/nn/alp.py) in the transformer backbones (hart, vit_tiny).
+
+    Architecture only; FedAli's beta and gamma are algorithm hyperparameters, sent to the
+    layers as buffers. Defaults are the paper's (section 5.1 and 4.1).
+    """
+
+    enabled: bool = Field(False, description="An ALP layer after each block's first LayerNorm.")
+    prototypes: list[int] = Field(
+        default_factory=lambda: [2048, 1024, 512, 256, 128, 64],
+        description="Prototypes per block (one count per block, or one for all blocks).",
+    )
+    matching: Literal["wasserstein", "cosine", "euclidean"] = Field(
+        "wasserstein", description="Sinkhorn plan (paper), or point-to-point argmax (ablation)."
+    )
+    epsilon: float = Field(0.05, gt=0, description="Sinkhorn sharpness.")
+    iterations: int = Field(3, ge=0, description="Sinkhorn normalisation steps.")
+    topk: Literal["paper", "official"] = Field(
+        "paper", description="EMA tokens per prototype: ceil(B*Z/G) (paper) or ceil(B/G) (code)."
+    )
+    glu: bool = Field(True, description="GLU on the matched prototypes (False: ablation).")
+    use_global: bool = Field(True, description="Align to global prototypes in training (False: ablation).")
+    local_at_inference: bool = Field(
+        True, description="Infer with local prototypes (False: global ones, ablation)."
+    )
+    inference: Literal["batch", "sample"] = Field(
+        "batch", description="Sinkhorn over the whole batch (paper) or per sample (batch-independent)."
+    )
+
+    @field_validator("prototypes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(g < 1 for g in v):
+            raise ValueError("prototype counts must be a non-empty list of positive integers")
+        return v
+
+
 class ModelConfig(_Section):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [200, 200], description="mlp hidden sizes.")
     embedding_dim: int | None = Field(None, ge=1, description="Embedding size where configurable.")
+    alp: AlpConfig = Field(default_factory=AlpConfig, description="FedAli's ALP layers (hart, vit_tiny).")
 
 
 class AlgorithmConfig(BaseModel):
@@ -98,6 +159,25 @@ class EvalConfig(_Section):
     batch_size: int = Field(1024, ge=1)
 
 
+class FlowerConfig(_Section):
+    """The Flower engine (`protofed run --engine flower`, protofed/flower); the built-in
+    engine ignores it. A reply that fails validation or a client that fails is left out of
+    the round; the round goes on while at least `min_replies` replies remain."""
+
+    min_replies: int = Field(
+        1, ge=1, description="Fewest valid replies a round may aggregate (else the run stops)."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Seconds the server waits for a round's replies; None: all."
+    )
+    client_cpus: float = Field(
+        1.0, gt=0, description="Simulation: CPUs per ClientApp (Ray runs cores / this at once)."
+    )
+    client_gpus: float = Field(
+        0.0, ge=0, description="Simulation: GPUs per ClientApp (0.5: two share one); train.device=cuda needs > 0."
+    )
+
+
 class ExperimentConfig(_Section):
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
@@ -105,6 +185,7 @@ class ExperimentConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

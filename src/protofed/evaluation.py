@@ -51,6 +51,18 @@ def per_segment_scores(
     (segment, class) true positives, false positives and false negatives: with a thousand
     clients, one scikit-learn call per client would cost more than the predictions.
     """
+    return scores_from_counts(*class_counts(y_true, y_pred, segment, num_segments, num_classes))
+
+
+def class_counts(
+    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int,
+    num_classes: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(segments, classes) true positives, support and predicted counts.
+
+    Counts add up across segments, so scores on a union follow from its parts' counts (the
+    Flower deployment: each client counts on its own data, the server adds).
+    """
     size = num_segments * num_classes
     correct = y_true == y_pred
     tp = np.bincount(segment[correct] * num_classes + y_true[correct], minlength=size)
@@ -58,6 +70,13 @@ def per_segment_scores(
     valid = (y_pred >= 0) & (y_pred < num_classes)
     predicted = np.bincount(segment[valid] * num_classes + y_pred[valid], minlength=size)
     tp, support, predicted = (a.reshape(num_segments, num_classes) for a in (tp, support, predicted))
+    return tp, support, predicted
+
+
+def scores_from_counts(
+    tp: np.ndarray, support: np.ndarray, predicted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy and macro-F1 (over the classes present) of each row of (segments, classes) counts."""
     denom = support + predicted  # 2TP + FP + FN
     f1 = np.divide(2 * tp, denom, out=np.zeros(tp.shape), where=denom > 0)
     present = support > 0
@@ -103,7 +122,8 @@ class _Union:
 
 
 def _fingerprint(arrays: Arrays) -> tuple:
-    """Models that share storage are the same model."""
+    """Models that share storage are the same model (only while both are alive: a freed
+    tensor's address is reused, so fingerprints are compared among live models only)."""
     return tuple((k, v.data_ptr()) for k, v in sorted(arrays.items()))
 
 
@@ -136,14 +156,19 @@ class Evaluator:
         when several clients share it (FedAvg), else only on its own client's samples.
         """
         n, c = len(self.fed.clients), self.fed.num_classes
-        # first pass: which clients share a model (weights are not kept, only identities)
-        counts = Counter(_fingerprint(client_model(i)) for i in range(n))
+        # which clients share a model: every client's weights are held while fingerprinting
+        # (no extra memory where they live elsewhere, as FedAvg's global model or Local's
+        # states; a model built on the fly, as FedALA's aggregate, cannot reuse the address of
+        # another client's freed one and pass for it), then released one by one
+        models: list[Arrays | None] = [client_model(i) for i in range(n)]
+        counts = Counter(_fingerprint(m) for m in models if m is not None)
         test_pred = np.full(len(self.test.y), -1, dtype=np.int64)
         val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
         done: dict[tuple, tuple[np.ndarray, np.ndarray, float, float]] = {}
         for i in range(n):
-            weights = client_model(i)
+            weights, models[i] = models[i], None
+            assert weights is not None
             key = _fingerprint(weights)
             lo, hi = self.test.bounds[i]
             vlo, vhi = self.val.bounds[i]

@@ -32,18 +32,26 @@ def class_means(
 
 
 @torch.no_grad()
-def embedding_means(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 512
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class means of `model.features(x)`, in eval mode, batch by batch."""
+def embed(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """`model.features(x)` (N, D), in eval mode, batch by batch, detached.
+
+    The raw embeddings, for methods that need more than the class means (FedPAC's feature
+    variance, FedNH's normalised means, FedHome's synthetic samples).
+    """
     was_training = model.training
     model.eval()
     try:
         chunks = [model.features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     finally:
         model.train(was_training)
-    features = torch.cat(chunks) if chunks else x.new_zeros(0, 1)
-    return class_means(features, y, num_classes)
+    return torch.cat(chunks).reshape(len(x), -1) if chunks else x.new_zeros(0, 1)
+
+
+def embedding_means(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 512
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class means of `model.features(x)`, in eval mode, batch by batch."""
+    return class_means(embed(model, x, batch_size), y, num_classes)
 
 
 def merge_means(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,3 +149,59 @@ def nearest_prototype_head(
     bias = -(prototypes * prototypes).sum(-1)
     bias = torch.where(present.bool(), bias, torch.full_like(bias, -1e9))
     return weight, bias
+
+
+def pack_prototypes(
+    means: torch.Tensor, counts: torch.Tensor, *, with_counts: bool = True
+) -> dict[str, torch.Tensor]:
+    """Only the present classes' rows, as flat arrays for a message or a reply.
+
+    {"proto.classes": (k,) int64, "proto.means": (k, D)[, "proto.counts": (k,)]}: a client
+    with 3 of 10 classes sends 3 rows, not 10 (the bytes counted are the bytes needed).
+    """
+    present = torch.nonzero(counts > 0).flatten()
+    packed = {"proto.classes": present, "proto.means": means[present].detach().clone()}
+    if with_counts:
+        packed["proto.counts"] = counts[present].detach().to(means.dtype).clone()
+    return packed
+
+
+def unpack_prototypes(
+    arrays: dict[str, torch.Tensor], num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `pack_prototypes`: dense (C, D) means and (C,) counts (0 = absent).
+
+    Without "proto.counts" every sent class counts 1; with no "proto.means" at all (nothing
+    sent yet) the result is (C, 0) and all-zero counts.
+    """
+    if "proto.means" not in arrays:
+        return torch.zeros(num_classes, 0), torch.zeros(num_classes)
+    rows, classes = arrays["proto.means"], arrays["proto.classes"].long()
+    means = rows.new_zeros(num_classes, rows.shape[1])
+    means[classes] = rows
+    counts = rows.new_zeros(num_classes)
+    counts[classes] = arrays["proto.counts"].to(rows.dtype) if "proto.counts" in arrays else 1.0
+    return means, counts
+
+
+def with_prototype_head(
+    weights: dict[str, torch.Tensor], prototypes: torch.Tensor, present: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """`weights` with the linear head replaced by nearest-prototype classification.
+
+    How FedProto's and PFPL's prototype inference becomes a model the evaluation can load.
+    The head must be one linear layer on the embedding (`head.weight` (C, D), `head.bias`
+    (C,)), as every protofed model has; anything else is an error, not a silent mismatch.
+    """
+    w, b = weights.get("head.weight"), weights.get("head.bias")
+    weight, bias = nearest_prototype_head(prototypes, present)
+    if w is None or b is None or w.shape != weight.shape or b.shape != bias.shape:
+        got = None if w is None else tuple(w.shape)
+        raise ValueError(
+            f"nearest-prototype inference needs a linear head of shape {tuple(weight.shape)} "
+            f"(classes x embedding dim) with a bias; the model's head.weight is {got}"
+        )
+    out = dict(weights)
+    out["head.weight"] = weight.to(w.dtype).to(w.device)
+    out["head.bias"] = bias.to(b.dtype).to(b.device)
+    return out

@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 
 from protofed.errors import ConfigError
-from protofed.runs import SUMMARY, RunDir
+from protofed.runs import PARTITION, SUMMARY, RunDir
 
 SCORES = ("personalization", "generalization", "global")
 COLUMNS = [
@@ -50,6 +50,41 @@ def collect(dirs: list[str | Path], which: str = "selected") -> list[dict]:
             raise ConfigError(f"{run.path} has no {SUMMARY}: the run is unfinished (resume it)")
         rows.append(_row(run.path, run.read_json(SUMMARY), which))
     return rows
+
+
+def group_scores(
+    path: str | Path, which: str = "selected", key: str = "pers_acc"
+) -> dict[str, float]:
+    """One per-client score averaged within each natural group (domain, site), for one round.
+
+    The round is the run's selected (or final) one; the per-client values come from its
+    `metrics.jsonl` record (`clients`), each client's group from `partition.json`. Groups are
+    named by the data set's group names where it has them (PFPL's per-domain Table 1).
+    Clients without a group fall under "-"; NaN scores (no test data) are skipped.
+    """
+    run = RunDir.open(path)
+    if not run.complete:
+        raise ConfigError(f"{run.path} has no {SUMMARY}: the run is unfinished (resume it)")
+    if which not in ("selected", "final"):
+        raise ConfigError(f"which must be 'selected' or 'final', not '{which}'")
+    round_ = run.read_json(SUMMARY)[which]["round"]
+    record = next((r for r in run.history() if r["round"] == round_), None)
+    if record is None or key not in record.get("clients", {}):
+        raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
+    partition = run.read_json(PARTITION)
+    names = (partition.get("meta") or {}).get("group_names") or []
+    values: dict[object, list[float]] = {}
+    for client, value in zip(partition["clients"], record["clients"][key], strict=True):
+        if value is not None and value == value:  # not NaN
+            values.setdefault(client.get("group"), []).append(float(value))
+    ordered = sorted(values, key=lambda g: (g is None, g if g is not None else 0))
+
+    def label(g: object) -> str:
+        if g is None:
+            return "-"
+        return names[g] if isinstance(g, int) and g < len(names) else f"group_{g}"
+
+    return {label(g): sum(values[g]) / len(values[g]) for g in ordered}
 
 
 def _fmt(value, key: str) -> str:

@@ -71,3 +71,18 @@ def prefixed(arrays: Arrays, prefix: str) -> Arrays:
 
 def unprefixed(arrays: Arrays, prefix: str) -> Arrays:
     return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def split_off(
+    replies: Iterable[Reply], names: Iterable[str], sink: list[Arrays]
+) -> Iterable[Reply]:
+    """The replies without the arrays in `names`, which go to `sink` (one mapping per reply).
+
+    For methods that send a model plus small extras (prototypes, statistics): the model part
+    still streams into `weighted_mean` while the extras are kept for the server's own step.
+    """
+    names = tuple(names)
+    for reply in replies:
+        arrays = dict(reply.arrays)
+        sink.append({n: arrays.pop(n) for n in names})
+        yield Reply(reply.client, arrays, reply.metrics)

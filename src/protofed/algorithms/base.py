@@ -63,6 +63,7 @@ class Setting:
     num_classes: int
     train: TrainConfig
     init_model: Arrays  # the seeded initial weights, names as in the model's state_dict
+    seed: int = 0  # the config's seed: server-side randomness (clustering) derives from it
 
 
 class Algorithm:

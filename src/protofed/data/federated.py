@@ -273,6 +273,7 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
             "seed": seed,
             "split": list(cfg.split),
             "notes": notes,
+            "group_names": None if ds.group_names is None else list(ds.group_names),
             "source": _jsonable(ds.meta),
         },
     )

@@ -179,16 +179,21 @@ def mixed(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[n
     Domains are dealt round-robin in a seeded random order (every domain is used once there are
     at least as many clients as domains); each client then draws its classes among those its
     domain has, and the samples of each (domain, class) pair are split evenly among the clients
-    that drew it. Pairs nobody drew are left out.
+    that drew it. Pairs nobody drew are left out. With data.classes_spread = s > 0 a client's
+    class count is drawn uniformly from n - s .. n + s (at least 1, at most its domain's
+    classes), so n is the average, as in PFPL's (and FedProto's) n-way setting; s = 0 keeps
+    the random stream of the exact-n partition.
     """
     groups = _require_groups(dataset, "mixed")
     _check_classes_per_client(cfg, np.unique(dataset.y), dataset)
     domains = rng.permutation(np.unique(groups))
     takers: dict[tuple[int, int], list[int]] = {}
+    n, spread = cfg.classes_per_client, cfg.classes_spread
     for client in range(cfg.num_clients):
         d = int(domains[client % len(domains)])
         have = np.unique(dataset.y[groups == d])
-        chosen = rng.choice(have, size=min(cfg.classes_per_client, len(have)), replace=False)
+        ways = n if spread == 0 else int(rng.integers(max(1, n - spread), n + spread + 1))
+        chosen = rng.choice(have, size=min(ways, len(have)), replace=False)
         for c in chosen:
             takers.setdefault((d, int(c)), []).append(client)
     parts: list[list[np.ndarray]] = [[] for _ in range(cfg.num_clients)]

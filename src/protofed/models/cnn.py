@@ -29,16 +29,30 @@ class CNN(FedModel):
     """
 
     def __init__(
-        self, input_shape: tuple[int, int, int], num_classes: int, embedding_dim: int = 512
+        self,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        embedding_dim: int = 512,
+        padding: int = 2,
+        batch_norm: bool = False,
     ):
         super().__init__()
         channels, height, width = input_shape
-        flat = 64 * (height // 2 // 2) * (width // 2 // 2)
+
+        def side(n: int) -> int:  # conv5x5 (with `padding`), pool 2, twice
+            return ((n + 2 * padding - 4) // 2 + 2 * padding - 4) // 2
+
+        flat = 64 * side(height) * side(width)
+        def norm(width: int) -> list[nn.Module]:  # cnnbn: BatchNorm after each convolution
+            return [nn.BatchNorm2d(width)] if batch_norm else []
+
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 32, kernel_size=5, padding=2),
+            nn.Conv2d(channels, 32, kernel_size=5, padding=padding),
+            *norm(32),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=padding),
+            *norm(64),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),
@@ -52,3 +66,17 @@ class CNN(FedModel):
 def build_cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN:
     shape = require_image("cnn", input_shape, min_side=4)
     return CNN(shape, num_classes, cfg.embedding_dim or 512)
+
+
+def build_pflcnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN:
+    """PFLlib's FedAvgCNN, the FedALA paper's 4-layer CNN: `cnn` without padding (28x28 -> 1024
+    features, 32x32 -> 1600), about 2.5x cheaper than `cnn`."""
+    shape = require_image("pflcnn", input_shape, min_side=16)
+    return CNN(shape, num_classes, cfg.embedding_dim or 512, padding=0)
+
+
+def build_cnnbn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN:
+    """`cnn` with BatchNorm after each convolution (FedBN's digit CNN normalises the same way;
+    not after the FC layer, where a last batch of one sample would fail in training)."""
+    shape = require_image("cnnbn", input_shape, min_side=4)
+    return CNN(shape, num_classes, cfg.embedding_dim or 512, batch_norm=True)

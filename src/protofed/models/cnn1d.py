@@ -25,15 +25,21 @@ class CNN1D(FedModel):
     """3 x [Conv1d(64, k=5, pad=2) + ReLU + MaxPool1d(2)], global average pool, Linear+ReLU.
 
     No BatchNorm on purpose: averaging BN statistics across clients silently changes FedAvg.
+    `batch_norm=True` (`cnn1dbn`, for FedBN) adds BatchNorm after each convolution.
     Global average pooling over time makes the model independent of the window length.
     """
 
-    def __init__(self, channels: int, num_classes: int, embedding_dim: int = 128):
+    def __init__(
+        self, channels: int, num_classes: int, embedding_dim: int = 128, batch_norm: bool = False
+    ):
         super().__init__()
         blocks: list[nn.Module] = []
         width = channels
         for _ in range(3):
-            blocks += [nn.Conv1d(width, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool1d(2)]
+            blocks.append(nn.Conv1d(width, 64, kernel_size=5, padding=2))
+            if batch_norm:  # cnn1dbn
+                blocks.append(nn.BatchNorm1d(64))
+            blocks += [nn.ReLU(), nn.MaxPool1d(2)]
             width = 64
         self.features = nn.Sequential(
             *blocks,
@@ -49,3 +55,10 @@ class CNN1D(FedModel):
 def build_cnn1d(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN1D:
     channels, _ = require_sequence("cnn1d", input_shape, min_length=8)
     return CNN1D(channels, num_classes, cfg.embedding_dim or 128)
+
+
+def build_cnn1dbn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> CNN1D:
+    """`cnn1d` with BatchNorm after each convolution (not after the FC layer, where a last
+    batch of one sample would fail in training): a model for FedBN on sensor data."""
+    channels, _ = require_sequence("cnn1dbn", input_shape, min_length=8)
+    return CNN1D(channels, num_classes, cfg.embedding_dim or 128, batch_norm=True)

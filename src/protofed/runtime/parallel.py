@@ -23,11 +23,14 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 
 from protofed.runtime.client import Client
+from protofed.runtime.dynamic import client_data
 from protofed.runtime.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 
 if TYPE_CHECKING:
-    from protofed.algorithms.base import Arrays, Metrics
+    from protofed.algorithms.base import Algorithm, Arrays, Metrics
+    from protofed.config import ExperimentConfig
     from protofed.data.federated import ClientData
+    from protofed.models.base import FedModel
     from protofed.runtime.simulation import Prepared
 
 _WORKER: tuple[Prepared, ClientData | None] | None = None
@@ -42,19 +45,34 @@ def fit_client(
     prepared: Prepared, pooled: ClientData | None, server: Arrays, cid: int, round: int, state: Arrays
 ) -> tuple[Arrays, Metrics, Arrays, int]:
     """One client's part of a round: configure, seed, fit. The same code in every engine."""
-    seed = prepared.cfg.seed
     message = prepared.algorithm.configure(server, cid, round)
+    data = pooled if cid < 0 else client_data(prepared.fed, prepared.dynamic, cid, round)
+    arrays, metrics, new_state = fit_message(
+        prepared.algorithm, prepared.model, prepared.cfg, data, message, cid, round, state
+    )
+    return arrays, metrics, new_state, nbytes(message)
+
+
+def fit_message(
+    algorithm: Algorithm, model: FedModel, cfg: ExperimentConfig, data: ClientData,
+    message: Arrays, cid: int, round: int, state: Arrays,
+) -> tuple[Arrays, Metrics, Arrays]:
+    """The client's side of a round once the message is there: seed, then `fit`.
+
+    Shared by the built-in engine and the Flower ClientApp, so a client draws the same
+    batches and dropout masks wherever it runs (streams keyed by seed, round and client).
+    """
+    seed = cfg.seed
     torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, round, cid + 1, 1))  # dropout masks
     client = Client(
         id=cid,
-        data=pooled if cid < 0 else prepared.fed.clients[cid],
-        model=prepared.model,
-        train=prepared.cfg.train,
+        data=data,
+        model=model,
+        train=cfg.train,
         round=round,
         generator=torch_generator(seed, CLIENT_TRAIN, round, cid + 1),
     )
-    arrays, metrics, new_state = prepared.algorithm.fit(client, message, state)
-    return arrays, metrics, new_state, nbytes(message)
+    return algorithm.fit(client, message, state)
 
 
 def _init_worker() -> None:

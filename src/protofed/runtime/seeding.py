@@ -13,6 +13,8 @@ import torch
 
 # stream tags: fixed numbers so that adding a stream never shifts another
 MODEL_INIT, SAMPLING, CLIENT_TRAIN = 10, 11, 12
+DYNAMIC_DATA = 13  # data.dynamic: which clients lose which classes (runtime/dynamic.py)
+SERVER = 14  # an algorithm's server-side randomness (e.g. clustering), keyed further by it
 
 
 def derive_seed(seed: int, *keys: int) -> int:

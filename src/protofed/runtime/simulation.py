@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,7 @@ from protofed.evaluation import Evaluator, select_round
 from protofed.models import build_model
 from protofed.models.base import FedModel
 from protofed.runs import RunDir, strict_json
+from protofed.runtime.dynamic import DynamicClasses
 from protofed.runtime.parallel import WorkerPool, fit_client, nbytes
 from protofed.runtime.seeding import MODEL_INIT, derive_seed, sample_clients
 
@@ -53,6 +55,7 @@ class Prepared:
     fed: FederatedData
     model: FedModel
     algorithm: Algorithm
+    dynamic: DynamicClasses | None = None  # data.dynamic: the per-round views of client data
 
 
 def prepare(cfg: ExperimentConfig) -> Prepared:
@@ -63,18 +66,39 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     fed = build_federated(cfg.data, cfg.seed)
     if device.type != "cpu":
         fed.clients = [c.to(device) for c in fed.clients]
+    model, algorithm = build_model_and_algorithm(
+        cfg, fed.input_shape, fed.num_classes, len(fed.clients), device
+    )
+    dynamic = DynamicClasses.build(cfg.data.dynamic, fed, cfg.seed)
+    if dynamic is not None:
+        if algorithm.pools_data:
+            raise ConfigError(f"data.dynamic is not supported by '{cfg.algorithm.name}' (pooled data)")
+        fed.meta["dynamic"] = dynamic.describe()
+    return Prepared(cfg, fed, model, algorithm, dynamic)
+
+
+def build_model_and_algorithm(
+    cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, num_clients: int,
+    device: torch.device,
+) -> tuple[FedModel, Algorithm]:
+    """The seeded initial model and the algorithm built on it.
+
+    Deterministic in the config: the server and every client (a Flower SuperNode that holds
+    only its own data) build the same initial weights and the same `Setting`.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
-        model = build_model(cfg.model, fed.input_shape, fed.num_classes)
+        model = build_model(cfg.model, input_shape, num_classes)
     model.to(device)
     setting = Setting(
-        num_clients=len(fed.clients),
-        num_classes=fed.num_classes,
+        num_clients=num_clients,
+        num_classes=num_classes,
         train=cfg.train,
         init_model=_clone(model.state_dict()),
+        seed=cfg.seed,
     )
     algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
-    return Prepared(cfg, fed, model, algorithm)
+    return model, algorithm
 
 
 def _pooled(fed: FederatedData) -> ClientData:
@@ -119,6 +143,8 @@ class Progress:
 
 
 class Simulation:
+    checkpoints: ClassVar[bool] = True  # False where client states live elsewhere (Flower)
+
     def __init__(self, prepared: Prepared, run: RunDir | None = None) -> None:
         self.p = prepared
         self.cfg = prepared.cfg
@@ -131,11 +157,26 @@ class Simulation:
         self.states: dict[int, Arrays] = {}
         self.progress = Progress()
         self.history: list[dict] = []
-        self.evaluator = Evaluator(
+        self.evaluator = Evaluator(  # all of every client's data (evaluator_for: the round's)
             self.fed, self.model, self.cfg.eval.batch_size, self.cfg.eval.generalization
         )
+        self._staged: tuple[int, Evaluator] | None = None
         self.pooled = _pooled(self.fed) if self.algorithm.pools_data else None
         self.pool: WorkerPool | None = None
+
+    def evaluator_for(self, round: int) -> Evaluator:
+        """The evaluator of `round`'s data: with data.dynamic, the clients' views that round
+        (rebuilt when the schedule gives classes back), else `self.evaluator`."""
+        dyn = self.p.dynamic
+        if dyn is None:
+            return self.evaluator
+        stage = dyn.stage(round)
+        if self._staged is None or self._staged[0] != stage:
+            view = dyn.federated(self.fed, round)
+            self._staged = (stage, Evaluator(
+                view, self.model, self.cfg.eval.batch_size, self.cfg.eval.generalization
+            ))
+        return self._staged[1]
 
     # state ------------------------------------------------------------------------------
     def state_of(self, client: int) -> Arrays:
@@ -160,9 +201,15 @@ class Simulation:
         self.server = ckpt["server"]
         self.states = {int(i): s for i, s in ckpt["clients"].items()}
 
-    # one round --------------------------------------------------------------------------
-    def _replies(self, round: int, clients: list[int], timer: dict) -> Iterator[Reply]:
-        """Train the round's clients lazily, as the aggregation consumes the replies."""
+    # the engine's seam: how replies are obtained, how client models are reached ----------
+    def fit_clients(self, round: int, clients: list[int]) -> Iterator[tuple[Reply, int]]:
+        """Each sampled client's reply and the bytes sent to it, lazily, in sampling order.
+
+        The one thing engines differ in: the built-in engine trains the clients here
+        (serially or in its worker pool) and keeps their states; the Flower engine
+        (`protofed.flower`) sends messages instead, and leaves out replies it rejects.
+        Sampling, aggregation, byte counts, evaluation and the run directory are shared.
+        """
         if self.pool is not None:
             jobs = [(cid, self.state_of(cid)) for cid in clients]
             results = self.pool.run(self.server, round, jobs)
@@ -171,18 +218,34 @@ class Simulation:
                 fit_client(self.p, self.pooled, self.server, cid, round, self.state_of(cid))
                 for cid in clients
             )
-        t0 = time.perf_counter()
         for cid, (arrays, metrics, new_state, down, *_) in zip(clients, results, strict=True):
             if new_state:
                 self.states[cid] = new_state
             else:
                 self.states.pop(cid, None)
-            if cid >= 0:  # the pooled reference client is not a federation: nothing is sent
+            yield Reply(cid, arrays, metrics), down
+
+    def client_models(self, round: int) -> Callable[[int], Arrays]:
+        """Client i's personalized weights after `round`, for the server-side evaluation."""
+
+        def client_model(i: int) -> Arrays:
+            return self.algorithm.client_model(
+                self.algorithm.configure(self.server, i, round + 1), self.state_of(i)
+            )
+
+        return client_model
+
+    # one round --------------------------------------------------------------------------
+    def _replies(self, round: int, clients: list[int], timer: dict) -> Iterator[Reply]:
+        """Train the round's clients lazily, as the aggregation consumes the replies."""
+        t0 = time.perf_counter()
+        for reply, down in self.fit_clients(round, clients):
+            if reply.client >= 0:  # the pooled reference client is not a federation: nothing is sent
                 self.progress.down_bytes += down
-                self.progress.up_bytes += nbytes(arrays)
+                self.progress.up_bytes += nbytes(reply.arrays)
             self.progress.client_updates += 1
             timer["train"] += time.perf_counter() - t0
-            yield Reply(cid, arrays, metrics)
+            yield reply
             t0 = time.perf_counter()
 
     def run_round(self, round: int) -> dict:
@@ -218,12 +281,9 @@ class Simulation:
     def evaluate(self, round: int) -> dict:
         t0 = time.perf_counter()
 
-        def client_model(i: int) -> Arrays:
-            return self.algorithm.client_model(
-                self.algorithm.configure(self.server, i, round + 1), self.state_of(i)
-            )
-
-        scores = self.evaluator.evaluate(client_model, self.algorithm.global_model(self.server))
+        scores = self.evaluator_for(round).evaluate(
+            self.client_models(round), self.algorithm.global_model(self.server)
+        )
         dt = time.perf_counter() - t0
         self.progress.eval_s += dt
         scores["eval_s"] = dt
@@ -267,7 +327,7 @@ class Simulation:
                 self.history.append(record)
                 if self.run_dir is not None:
                     self.run_dir.append_metrics(record)
-            if self.run_dir is not None and (
+            if self.run_dir is not None and self.checkpoints and (
                 r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds
             ):
                 self.run_dir.save_checkpoint(self.checkpoint())
@@ -290,7 +350,7 @@ class Simulation:
             return {k: rec[k] for k in ("personalization", "generalization", "global")}
 
         return {
-            "algorithm": cfg.algorithm.name,
+            "algorithm": self.algorithm.name,  # "fedavg+ala" when the ALA plug-in is on
             "dataset": cfg.data.name,
             "model": cfg.model.name,
             "num_clients": self.num_clients,
