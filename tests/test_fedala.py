@@ -261,7 +261,27 @@ def test_w_persists_per_client_and_never_leaks(monkeypatch):
     state = sim.states[0]
     local = unprefixed(state, LOCAL)
     assert local.keys() == sim.server.keys()
-    assert sim.algorithm.client_model(sim.server, state) == local  # the trained local model
+    # the personalized model is theta_hat: global lower layers, top layer mixed by this W
+    hat = sim.algorithm.client_model(sim.server, state)
+    w = final[0]
+    assert hat.keys() == sim.server.keys()
+    for k in hat:
+        expected = torch.lerp(local[k], sim.server[k], w[k]) if k in w else sim.server[k]
+        assert torch.equal(hat[k], expected), k
+    assert not torch.equal(hat["head.weight"], sim.server["head.weight"])
+    assert not torch.equal(hat["head.weight"], local["head.weight"])
+
+
+def test_personalized_trained_evaluates_the_model_trained_last():
+    sim = _sim("algorithm.name=fedala", "algorithm.personalized=trained", "train.rounds=2")
+    sim.run()
+    for cid in range(4):
+        state = sim.states[cid]
+        model = sim.algorithm.client_model(sim.server, state)
+        assert model.keys() == sim.server.keys()
+        assert all(model[k] is v for k, v in unprefixed(state, LOCAL).items())
+    never_trained = sim.algorithm.client_model(sim.server, {})
+    assert all(never_trained[k] is v for k, v in sim.server.items())  # the global model
 
 
 def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
@@ -284,7 +304,36 @@ def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
 def test_fedala_is_fedavg_with_the_plugin():
     a = _sim("algorithm.name=fedala", "train.rounds=3").run()
     b = _sim("algorithm.name=fedavg", "algorithm.ala.enabled=true", "train.rounds=3").run()
+    assert (a["algorithm"], b["algorithm"]) == ("fedala", "fedavg+ala")
     assert {**_numbers(a), "algorithm": None} == {**_numbers(b), "algorithm": None}
+
+
+def test_summary_and_report_say_when_ala_was_on(tmp_path):
+    from protofed.report import collect, to_markdown
+
+    for name, extra in (("plain", []), ("ala", ["algorithm.ala.enabled=true"])):
+        cfg = load_config(None, [*DIGITS, "algorithm.name=fedprox", "train.rounds=1", *extra])
+        start(cfg, tmp_path / name).run()
+    rows = collect([tmp_path / "plain", tmp_path / "ala"])
+    assert [r["algorithm"] for r in rows] == ["fedprox", "fedprox+ala"]
+    assert "| ala | fedprox+ala | digits |" in to_markdown(rows)
+    off = _sim("algorithm.name=ditto", "algorithm.ala.enabled=false", "train.rounds=1").run()
+    assert off["algorithm"] == "ditto"
+
+
+def test_personalization_scores_are_each_clients_own_aggregate():
+    """Aggregates are built on the fly, so no two clients may pass for one model (a freed
+    tensor's address is reused): every client's score is its own model's."""
+    from protofed.runtime.training import predict
+
+    sim = _sim("algorithm.name=fedala", "train.rounds=3", "data.num_clients=6")
+    sim.run()
+    scores = sim.history[-1]["clients"]["pers_acc"]
+    assert len(set(scores)) > 1
+    for cid, data in enumerate(sim.fed.clients):
+        sim.model.load_state_dict(sim.algorithm.client_model(sim.server, sim.states[cid]))
+        acc = (predict(sim.model, data.test_x) == data.test_y).double().mean().item()
+        assert scores[cid] == pytest.approx(acc, abs=1e-12), cid
 
 
 @pytest.mark.parametrize("name", PLUGIN)
@@ -332,7 +381,29 @@ def test_ala_section_is_validated():
     assert not isinstance(disabled.algorithm, AdaptiveLocalAggregation)
     assert ALGORITHMS["fedala"].describe_params() == {
         "p": 1, "s": 80.0, "eta": 1.0, "threshold": 0.1, "max_start_epochs": 100,
+        "personalized": "hat",
     }
+
+
+def test_info_lists_the_ala_keys_where_the_plugin_applies():
+    from typer.testing import CliRunner
+
+    from protofed.cli import app
+
+    runner = CliRunner()
+    for name in PLUGIN:
+        out = runner.invoke(app, ["info", name], env={"COLUMNS": "250"})
+        assert out.exit_code == 0, out.output
+        lines = {line.split()[1]: line for line in out.output.splitlines()
+                 if line.startswith("│ ala.")}
+        assert set(lines) == {f"ala.{k}" for k in _ala.AlaParams.model_fields}
+        assert "False" in lines["ala.enabled"] and "'hat' | 'trained'" in lines["ala.personalized"]
+        assert " 1 " in lines["ala.p"] and "80.0" in lines["ala.s"] and "slides" in lines["ala.s"]
+    for name in ("local", "centralized", "fedala", "fedper"):
+        out = runner.invoke(app, ["info", name], env={"COLUMNS": "250"})
+        assert out.exit_code == 0 and "ala." not in out.output, name
+    fedala = runner.invoke(app, ["info", "fedala"], env={"COLUMNS": "250"}).output
+    assert "│ p " in fedala and "│ personalized " in fedala  # its own keys, without the prefix
 
 
 # end to end on real data ----------------------------------------------------------------

@@ -38,6 +38,15 @@ Decisions, where the slides and the official code (TsingZ0/FedALA, utils/ALA.py)
   frozen body every epoch of the start phase).
 - A client's first round has no local model: it starts from the global model (the official
   code skips ALA while local and global are equal). Its start phase is its next round.
+- Inside a round, every step's loss is taken at theta_hat(W) with the current W (the official
+  code's first step of a round runs on the previous local top layers instead, since its
+  temporary model is a copy of the local one before any W is applied).
+- The personalized (evaluated) model, `personalized`: the paper's output is theta_hat, and the
+  official server evaluates every client right after ALA, before local training. Evaluation
+  here has no client data to train W on, so "hat" (default) evaluates theta_hat built from the
+  current global model, the client's local model and its W of its latest round (the official
+  code trains W one more epoch first; the slides observe that W hardly changes after the start
+  phase). "trained" evaluates the model the client trained last instead.
 - Nothing is sent: ALA works on the received model and on what the client kept, so it adds
   zero bytes to every message and reply.
 
@@ -45,10 +54,12 @@ The `AdaptiveLocalAggregation` mix-in applies this around any algorithm's `fit` 
 which model is its clients' local one (`Algorithm.ala_local`):
 - "reply": the local model is what the client trained and sent back last time (FedAvg,
   FedProx, FedRep, FedALA). The mix-in keeps the reply in the client's state and
-  hands the algorithm theta_hat in place of the received message. The client's personalized
-  model becomes the model it trained last (FedALA evaluates the locally trained model).
+  hands the algorithm theta_hat in place of the received message. The algorithm's
+  personalized model is built from theta_hat in place of the message (`personalized="hat"`,
+  FedALA's evaluation) or from the model the client trained last (`"trained"`).
 - "state": the local model is the algorithm's own client state (Ditto's personal model). The
-  mix-in hands the algorithm theta_hat in place of that state; the message is left as it is.
+  mix-in hands the algorithm theta_hat in place of that state; the message is left as it is,
+  and the personalized model is the algorithm's own (Ditto's trained v) either way.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ from __future__ import annotations
 import functools
 import statistics
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +113,12 @@ class AlaSettings(Hyperparams):
     )
     max_start_epochs: int = Field(
         100, ge=1, description="Cap on start-phase epochs (a warning when it is reached)."
+    )
+    personalized: Literal["hat", "trained"] = Field(
+        "hat", description="Evaluated client model: 'hat' = the ALA aggregate of the current "
+        "global model and the client's local model with its latest W (the paper's output; the "
+        "official code evaluates right after ALA), 'trained' = the model it trained last. "
+        "Ditto's (ala_local='state') is its own personal model either way.",
     )
 
 
@@ -237,6 +254,7 @@ def train_weights(
         for p in frozen:
             p.requires_grad_(True)
     metrics = {
+        "ala_weights": float(sum(t.numel() for t in w)),
         "ala_epochs": float(len(losses)),
         "ala_loss": losses[-1],
         "ala_start": float(start),
@@ -299,29 +317,35 @@ class AdaptiveLocalAggregation(Algorithm):
         super().__init__(params, setting)
         self.ala = ala
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def initialise(
+        self, client: Client, message: Arrays, state: Arrays
+    ) -> tuple[Arrays, Arrays, Arrays, Metrics]:
+        """ALA for one client: (message, algorithm state) with theta_hat in place of the
+        local model, the W to keep, and ALA's metrics. What the algorithm's `fit` starts from."""
         own, inner = split_state(state)
         weights = unprefixed(own, WEIGHTS)
         by_reply = self.ala_local == "reply"
         local = unprefixed(own, LOCAL) if by_reply else inner
-        ala_metrics: Metrics = {}
-        if local:
-            base = super()
+        if not local:
+            return message, inner, weights, {}
+        base = super()
 
-            def assemble(hat: Arrays) -> Arrays:  # the complete model the algorithm would use
-                if by_reply:
-                    return base.client_model({**message, **hat}, inner)
-                return base.client_model(message, hat)
-
-            hat, weights, ala_metrics = adapt(client, message, local, weights, self.ala, assemble)
+        def assemble(hat: Arrays) -> Arrays:  # the complete model the algorithm would use
             if by_reply:
-                message = {**message, **hat}
-            else:
-                inner = hat
+                return base.client_model({**message, **hat}, inner)
+            return base.client_model(message, hat)
+
+        hat, weights, metrics = adapt(client, message, local, weights, self.ala, assemble)
+        if by_reply:
+            return {**message, **hat}, inner, weights, metrics
+        return message, hat, weights, metrics
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        message, inner, weights, ala_metrics = self.initialise(client, message, state)
         reply, metrics, new_inner = super().fit(client, message, inner)
         metrics.update(ala_metrics)
         new_state = dict(new_inner)
-        if by_reply:
+        if self.ala_local == "reply":
             new_state.update(prefixed(reply, LOCAL))  # shared with the reply, never modified
         new_state.update(prefixed(weights, WEIGHTS))
         return reply, metrics, new_state
@@ -330,6 +354,8 @@ class AdaptiveLocalAggregation(Algorithm):
         own, inner = split_state(state)
         if self.ala_local == "reply":
             local = unprefixed(own, LOCAL)
+            if local and self.ala.personalized == "hat":
+                local = combine(message, local, unprefixed(own, WEIGHTS))
             return super().client_model({**message, **local}, inner)
         return super().client_model(message, inner)
 
@@ -340,6 +366,7 @@ def with_ala(cls: type[Algorithm]) -> type[Algorithm]:
     if cls.ala_local not in MODES:
         raise TypeError(f"{cls.__name__} does not declare which model is local (ala_local)")
     namespace: dict[str, Any] = {
+        "name": f"{cls.name}+ala",  # what run summaries and reports call it
         "__module__": __name__,
         "__doc__": f"{cls.__name__} with adaptive local aggregation (algorithm.ala.enabled).",
     }

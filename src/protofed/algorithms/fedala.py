@@ -5,8 +5,10 @@ model of last time by adaptive local aggregation (ALA, see `_ala.py`): the lower
 the global ones, the top p layers mix local and global with element-wise weights W in [0, 1]
 trained on s % of its data. It then trains one round as FedAvg and sends the result; the
 server takes the sample-weighted mean. The client keeps its trained model and W in its state;
-its personalized model is the model it trained last (the global model before its first
-round). Nothing but the usual model travels: ALA adds no bytes. In a client's first round
+its personalized model is theta_hat, the ALA aggregate of the current global model and its
+local model with its latest W (the paper's output; the global model before its first ALA), or
+with `personalized=trained` the model it trained last. Nothing but the usual model travels:
+ALA adds no bytes. In a client's first round
 there is no local model yet and it starts from the global model, as FedAvg; its first ALA (the
 start phase, W trained until its loss settles) comes in its second round.
 
@@ -32,7 +34,7 @@ class FedALA(AdaptiveLocalAggregation, FedAvg):
     ala_local = "reply"  # the local model is what the client trained and sent last time
 
     class Params(AlaSettings):
-        """p, s, eta, threshold, max_start_epochs (see `_ala.AlaSettings`)."""
+        """p, s, eta, threshold, max_start_epochs, personalized (see `_ala.AlaSettings`)."""
 
     params: Params
 
