@@ -1,0 +1,60 @@
+"""Head first, then the body aligned to global prototypes: the local update of FedPAC and ProtoHAR.
+
+Both methods decouple the classifier from the representation in the same way each round:
+
+1. the head (classifier) is trained for `head_epochs` on the received body, body frozen;
+2. the body is trained for `body_epochs`, head frozen, on
+       CE(head(f(x)), y) + lam * mse(f(x), P[y])
+   where P are the global class prototypes the server sent (`prototype_regularized_loss`);
+   classes without a global prototype (none in the first round) add nothing.
+
+They differ in what the server does with the results (FedPAC combines heads across clients,
+ProtoHAR keeps heads local and averages prototypes per client), so only this update lives here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms._split import body_parameters, head_parameters
+from protofed.algorithms.base import Metrics
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+def head_then_aligned_body(
+    client: Client,
+    *,
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
+    lam: float,
+    head_epochs: int,
+    body_epochs: int | None,
+    head_lr: float | None = None,
+) -> Metrics:
+    """Train the workspace model's head, then its body with prototype alignment; metrics.
+
+    `body_epochs=None` means `train.local_epochs`; `head_lr=None` means `train.lr`.
+    """
+    model = client.model
+    body_epochs = client.train.local_epochs if body_epochs is None else body_epochs
+    metrics: Metrics = {"steps": 0.0}
+    if head_epochs > 0:
+        m = client.train_model(epochs=head_epochs, parameters=head_parameters(model), lr=head_lr)
+        metrics["head_loss"] = metrics["loss"] = m["loss"]
+        metrics["steps"] += m["steps"]
+    if body_epochs > 0:
+        device = _device(model)
+        loss_fn = prototype_regularized_loss(prototypes.to(device), present.to(device), lam)
+        m = client.train_model(epochs=body_epochs, parameters=body_parameters(model), loss_fn=loss_fn)
+        metrics["body_loss"] = metrics["loss"] = m["loss"]
+        metrics["steps"] += m["steps"]
+    return metrics
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

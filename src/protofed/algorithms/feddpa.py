@@ -1,0 +1,409 @@
+"""FedDPA (Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning
+with Non-IID Data, Electronics 14(16) 3286, 2025): a global model trained with prototype
+alignment whose strength adapts to each client's heterogeneity, aggregated in two levels over
+groups of similar clients, with the global prototypes pulled apart by a margin on the server.
+
+Round t, client k (Algorithm 1, section 4.1-4.2):
+1. loads the global model w_g and the global prototypes P^g it receives;
+2. computes its local prototypes P_i^k (eq. 2: mean embedding of class i over its training
+   split) with the received model, and Het_k = mean over classes i of ||P_i^k - P_i^g||
+   (eq. 5), and lambda_k = alpha + beta * Het_k (eq. 4);
+3. trains w on  CE + lambda_k * ||P^k - P^g||^2  (eq. 3), P_i^k being the class means of
+   each mini-batch (`_prototype_losses`, target "class_mean"), the squared distance averaged
+   over the batch's classes and the embedding's dimensions (see below);
+4. sends its trained weights, its prototypes computed with them, and its class counts.
+Server (Algorithm 2, section 4.3-4.4):
+5. groups the round's clients by K-means on their prototypes (`num_groups` groups);
+6. the group's mean of weights and of prototypes (eq. 6, 8), then the mean of the groups
+   (eq. 7, 9): every group weighs the same, whatever its size;
+7. refines the global prototypes by gradient descent on
+   L_contrast = L_align + lambda * L_sep, with L_align = 1/N sum_k sum_i ||P_i^k - P_i^g||^2
+   (eq. 10) and L_sep = 1/(C(C-1)) sum_{i != j} max(m - ||P_i^g - P_j^g||, 0) (eq. 11);
+8. sends w_g and P^g to the next round's clients. The global model (the metric of the
+   paper) is w_g with its own classifier head; personalization scores are the global model
+   on each client's test split, since FedDPA has no personal model.
+Ablations (section 6): `adaptive=false` (lambda_k fixed), `hierarchical=false` (one flat
+average), `contrastive=false` (the averaged prototypes are used as they are).
+
+Ambiguities settled here (docs/results/feddpa.md lists them too):
+- Het_k (eq. 5) is printed as a mean of ||.||^2 while the text says "average distance"; the
+  notes settle on the distance (`heterogeneity="distance"`); `"squared"` is the printed form.
+  The mean runs over the classes the client has that have a global prototype (eq. 5's 1/C
+  over all C classes would count classes the client lacks).
+- Het_k is computed once per round, before local training, from the prototypes of the model
+  the client received (Algorithm 1 computes prototypes before the local update); lambda_k is
+  constant during the round. The prototypes sent up are recomputed after training (eval mode,
+  whole training split), so they live in the space of the weights sent with them.
+- Eq. 3 sums squared distances over classes (`reg_reduction="sum"`). With the paper's alpha
+  and beta (lambda_k about 0.3-0.4 in round 2) that term is 10^4 times the cross-entropy on
+  CIFAR-10 with `cnn` (512-d embedding) and local training diverges (mean local loss 45,089
+  vs 1.81, docs/results/feddpa.md). The default is the squared error averaged per class and
+  dimension (`"mean"`, as FedProto's official code computes its ||.||^2 with nn.MSELoss):
+  the same minimiser, at a scale the paper's alpha and beta train with.
+- Algorithm 2 initialises P^g = 0; regularising towards the origin in round 1 only shrinks the
+  embeddings, so by default the first round has no global prototypes and no regulariser
+  (`initial_prototypes="zeros"` is the literal reading). A class none of the round's clients
+  has keeps its previous global prototype.
+- Groups: K-means (k-means++, 10 restarts, seed from the config's seed and the round) over the
+  round's participants, each described by its prototypes of all classes concatenated; a class
+  a client lacks is filled with the round's mean prototype of that class
+  (`missing_class="mean"`: lacking a class says nothing about similarity) or with zeros
+  ("zero": clients then group by which classes they have). The paper names M = 10 groups for
+  K = 100 clients but clusters "the clients" without saying which; with 10 participants per
+  round, 10 groups would make every group one client, so the default is 3 groups of the
+  round's participants; `num_groups=0` chooses 2..n-1 by the Davies-Bouldin score.
+- Within a group the means are unweighted (eq. 6 and 8: 1/N), `group_weighting="samples"`
+  weights by examples (weights) and class counts (prototypes); a group's class-i prototype
+  averages only the members that have class i, and the global one only the groups that have it.
+- Without hierarchical aggregation ("all client updates sent directly to the global server
+  for a single-step averaging"): FedAvg's sample-weighted mean of the weights and the
+  count-weighted mean of the prototypes.
+- Without adaptive regularisation ("a fixed, non-adaptive value"): lambda = `fixed_lambda`,
+  by default alpha (the Het term removed). Clients report their lambda_k and the server keeps
+  the round's mean in `feddpa.stats`, so a run can be repeated with `fixed_lambda` at the
+  adaptive run's mean. Het_k costs one extra forward pass over the client's training split.
+- The contrastive step changes only the prototypes: L_contrast has no term in the model's
+  weights (the server has no data), so "update global model" acts through the prototypes the
+  next round's clients are pulled to. The paper gives no optimiser: `align_steps` steps of
+  gradient descent with `align_lr`, from the aggregated prototypes. In L_align N is the
+  number of the round's clients and each sums over its own classes; L_sep runs over the
+  classes that have a global prototype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from pydantic import Field
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.prototypes import (
+    best_kmeans,
+    embedding_means,
+    kmeans,
+    merge_means,
+    pack_prototypes,
+    unpack_prototypes,
+    with_prototype_head,
+)
+from protofed.runtime.seeding import SERVER, derive_seed
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+PROTOTYPES = "feddpa.prototypes"  # server state: (C, D) global prototypes
+PRESENT = "feddpa.present"  # server state: (C,) 1 where a class has a global prototype
+# server state, diagnostics of the last round (never sent): mean lambda_k, mean Het_k, number
+# of groups, L_sep before and after the contrastive step, smallest distance between prototypes
+STATS = "feddpa.stats"
+_MESSAGE_PREFIX = "proto."  # pack_prototypes' keys in messages and replies
+
+
+# the server's computations, each on plain tensors ----------------------------------------
+def heterogeneity(
+    local: torch.Tensor,
+    local_counts: torch.Tensor,
+    global_: torch.Tensor,
+    global_present: torch.Tensor,
+    squared: bool = False,
+) -> float:
+    """Het_k (eq. 5): mean over shared classes of ||P_i^k - P_i^g|| (or its square); 0 if none."""
+    shared = (local_counts > 0) & global_present.bool()
+    if not bool(shared.any()):
+        return 0.0
+    dist = (local[shared] - global_[shared]).pow(2).sum(-1)
+    return float((dist if squared else dist.sqrt()).mean())
+
+
+def separation_loss(prototypes: torch.Tensor, present: torch.Tensor, margin: float) -> torch.Tensor:
+    """L_sep (eq. 11): 1/(C(C-1)) sum_{i != j} max(m - ||P_i - P_j||, 0) over present classes."""
+    p = prototypes[present.bool()]
+    c = len(p)
+    if c < 2:
+        return prototypes.sum() * 0.0
+    diff = p.unsqueeze(0) - p.unsqueeze(1)
+    dist = (diff.pow(2).sum(-1) + 1e-12).sqrt()  # eps: differentiable where two coincide
+    off = ~torch.eye(c, dtype=torch.bool, device=p.device)
+    return torch.relu(margin - dist[off]).sum() / (c * (c - 1))
+
+
+def min_distance(prototypes: torch.Tensor, present: torch.Tensor) -> float:
+    """The smallest distance between two present prototypes (inf with fewer than two)."""
+    p = prototypes[present.bool()]
+    if len(p) < 2:
+        return float("inf")
+    dist = torch.cdist(p.double(), p.double())
+    return float(dist[~torch.eye(len(p), dtype=torch.bool)].min())
+
+
+def alignment_loss(
+    prototypes: torch.Tensor, local: torch.Tensor, local_counts: torch.Tensor
+) -> torch.Tensor:
+    """L_align (eq. 10): 1/N sum_k sum_{i in client k} ||P_i^k - P_i^g||^2; local (N, C, D)."""
+    has = (local_counts > 0).to(local.dtype)
+    return ((local - prototypes.unsqueeze(0)).pow(2).sum(-1) * has).sum() / len(local)
+
+
+def contrastive_refine(
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
+    local: torch.Tensor,
+    local_counts: torch.Tensor,
+    *,
+    margin: float,
+    sep_weight: float,
+    steps: int,
+    lr: float,
+) -> torch.Tensor:
+    """P^g after `steps` of gradient descent on L_align + sep_weight * L_sep (eq. 12)."""
+    p = prototypes.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.SGD([p], lr=lr)
+    for _ in range(steps):
+        loss = alignment_loss(p, local, local_counts) + sep_weight * separation_loss(
+            p, present, margin
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    out = p.detach()
+    return torch.where(present.bool().unsqueeze(-1), out, prototypes)  # absent rows untouched
+
+
+def group_clients(
+    local: torch.Tensor,
+    local_counts: torch.Tensor,
+    num_groups: int,
+    *,
+    missing: Literal["mean", "zero"] = "mean",
+    seed: int = 0,
+) -> torch.Tensor:
+    """Group labels (N,) by K-means on the clients' concatenated prototypes.
+
+    A class a client lacks is filled with the mean over the clients that have it ("mean") or
+    with zeros. `num_groups=0`: the count in 2..N-1 with the best Davies-Bouldin score.
+    """
+    n = len(local)
+    if n == 1:
+        return torch.zeros(1, dtype=torch.long)
+    has = (local_counts > 0).unsqueeze(-1)
+    filled = local
+    if missing == "mean":
+        fill, _ = merge_means(local, (local_counts > 0).to(local.dtype))
+        filled = torch.where(has, local, fill.unsqueeze(0))
+    points = filled.reshape(n, -1)
+    if num_groups == 0:
+        return best_kmeans(points, range(2, n), seed=seed)[1]
+    return kmeans(points, min(num_groups, n), seed=seed)[1]
+
+
+def hierarchical_weights(
+    groups: torch.Tensor, num_examples: torch.Tensor, within: Literal["uniform", "samples"]
+) -> torch.Tensor:
+    """Per-client weights (N,), summing to 1, that make one weighted mean equal eq. 8 then 9:
+    1/M per group, split among its members equally ("uniform") or by examples ("samples")."""
+    ids = torch.unique(groups)
+    w = torch.zeros(len(groups), dtype=torch.float64)
+    for g in ids:
+        members = groups == g
+        share = num_examples[members].double() if within == "samples" else members[members].double()
+        w[members] = share / share.sum() / len(ids)
+    return w
+
+
+def hierarchical_prototypes(
+    local: torch.Tensor,
+    local_counts: torch.Tensor,
+    groups: torch.Tensor,
+    within: Literal["uniform", "samples"],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 6 then 7: each group's mean prototype of class i over its members that have i,
+    then the plain mean over the groups that have i. Returns (C, D) and present (C,)."""
+    weights = local_counts if within == "samples" else (local_counts > 0).to(local.dtype)
+    group_means, group_present = [], []
+    for g in torch.unique(groups):
+        members = groups == g
+        m, total = merge_means(local[members], weights[members])
+        group_means.append(m)
+        group_present.append((total > 0).to(local.dtype))
+    merged, total = merge_means(torch.stack(group_means), torch.stack(group_present))
+    return merged, total > 0
+
+
+# the algorithm ---------------------------------------------------------------------------
+class FedDPA(Algorithm):
+    name = "feddpa"
+    summary = (
+        "Global model with adaptive prototype regularisation, hierarchical (grouped) "
+        "aggregation and margin-separated global prototypes."
+    )
+    reference = (
+        "Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning "
+        "with Non-IID Data, Electronics 2025"
+    )
+    has_global_model = True
+
+    class Params(Hyperparams):
+        alpha: float = Field(0.01, ge=0, description="Base regularisation strength (paper: 0.01).")
+        beta: float = Field(0.1, ge=0, description="Weight of the heterogeneity (paper: 0.1).")
+        heterogeneity: Literal["distance", "squared"] = Field(
+            "distance",
+            description="Het_k: mean distance of local to global prototypes (text, notes) or "
+            "mean squared distance (eq. 5 as printed).",
+        )
+        adaptive: bool = Field(
+            True, description="Ablation switch: false fixes lambda_k to fixed_lambda."
+        )
+        fixed_lambda: float | None = Field(
+            None, ge=0, description="lambda when adaptive=false; None: alpha."
+        )
+        reg_reduction: Literal["mean", "sum"] = Field(
+            "mean",
+            description="Regulariser: MSE per class and dimension, or the sum over classes of "
+            "squared distances (eq. 3 as printed; diverges with the paper's alpha, beta).",
+        )
+        hierarchical: bool = Field(
+            True, description="Ablation switch: false is one flat (FedAvg) average."
+        )
+        num_groups: int = Field(
+            3, ge=0, description="Groups of the round's clients (0: Davies-Bouldin over 2..n-1)."
+        )
+        group_weighting: Literal["uniform", "samples"] = Field(
+            "uniform",
+            description="Members of a group average equally (eq. 6, 8) or by their examples.",
+        )
+        missing_class: Literal["mean", "zero"] = Field(
+            "mean", description="Clustering: a lacking class is filled with the round's mean or zeros."
+        )
+        contrastive: bool = Field(
+            True, description="Ablation switch: false keeps the averaged prototypes."
+        )
+        margin: float = Field(1.0, ge=0, description="Separation margin m (paper: 1).")
+        sep_weight: float = Field(
+            0.1, ge=0, description="Weight lambda of L_sep in L_contrast (paper: 0.1)."
+        )
+        align_steps: int = Field(
+            10, ge=0, description="Server gradient steps on L_contrast (not given in the paper)."
+        )
+        align_lr: float = Field(
+            0.1, gt=0, description="Server step size on L_contrast (not given in the paper)."
+        )
+        initial_prototypes: Literal["none", "zeros"] = Field(
+            "none",
+            description="Round 1: no global prototypes, or Algorithm 2's P^g = 0 for all classes.",
+        )
+        global_inference: Literal["head", "prototype"] = Field(
+            "head",
+            description="Global model: its classifier head (paper) or the nearest global prototype.",
+        )
+
+    params: Params
+
+    # server state = model weights + the global prototypes ---------------------------------
+    def init_server(self) -> Arrays:
+        server = dict(self.setting.init_model)
+        num_classes, dim = server["head.weight"].shape
+        zeros = self.params.initial_prototypes == "zeros"
+        server[PROTOTYPES] = torch.zeros(num_classes, dim)
+        server[PRESENT] = torch.full((num_classes,), float(zeros))
+        return server
+
+    @staticmethod
+    def _model(arrays: Arrays) -> Arrays:
+        return {k: v for k, v in arrays.items() if not k.startswith(("feddpa.", _MESSAGE_PREFIX))}
+
+    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+        return {**self._model(server), **pack_prototypes(server[PROTOTYPES], server[PRESENT], with_counts=False)}
+
+    def _lambda(self, het: float) -> float:
+        if self.params.adaptive:
+            return self.params.alpha + self.params.beta * het
+        return self.params.alpha if self.params.fixed_lambda is None else self.params.fixed_lambda
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        num_classes = self.setting.num_classes
+        data = client.data
+        client.load(self._model(message))
+        protos, counts = unpack_prototypes(message, num_classes)
+        device = data.train_x.device
+        protos, present = protos.to(device), (counts > 0).to(device)
+        het = 0.0
+        if bool(present.any()) and self.params.adaptive:
+            before, before_counts = embedding_means(client.model, data.train_x, data.train_y, num_classes)
+            het = heterogeneity(
+                before, before_counts, protos, present, self.params.heterogeneity == "squared"
+            )
+        lam = self._lambda(het)
+        loss_fn = prototype_regularized_loss(
+            protos, present, lam, target="class_mean", reduction=self.params.reg_reduction
+        )
+        metrics = client.train_model(loss_fn=loss_fn)
+        means, class_counts = embedding_means(client.model, data.train_x, data.train_y, num_classes)
+        metrics.update(
+            num_examples=float(client.num_examples), heterogeneity=het, reg_lambda=lam
+        )
+        reply = {**client.weights(), **pack_prototypes(means.cpu(), class_counts.cpu())}
+        return reply, metrics, {}
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        num_classes = self.setting.num_classes
+        p = self.params
+        replies = list(replies)  # grouping needs every client of the round
+        if not replies:
+            return server
+        unpacked = [unpack_prototypes(r.arrays, num_classes) for r in replies]
+        local = torch.stack([m for m, _ in unpacked]).to(server[PROTOTYPES].dtype)
+        local_counts = torch.stack([c for _, c in unpacked]).to(local.dtype)
+        bad = [r.client for r, m in zip(replies, local, strict=True) if not torch.isfinite(m).all()]
+        if bad:
+            raise FloatingPointError(
+                f"feddpa round {round}: clients {bad} sent non-finite prototypes (local training "
+                "diverged); lower train.lr, algorithm.alpha/beta, or use reg_reduction=mean"
+            )
+        models = [Reply(r.client, self._model(r.arrays), r.metrics) for r in replies]
+        if p.hierarchical:
+            seed = derive_seed(self.setting.seed, SERVER, round) % 2**32  # scikit-learn: 32 bits
+            groups = group_clients(local, local_counts, p.num_groups, missing=p.missing_class, seed=seed)
+            examples = torch.tensor([r.num_examples for r in replies])
+            weights = hierarchical_weights(groups, examples, p.group_weighting)
+            by_client = {r.client: float(w) for r, w in zip(replies, weights, strict=True)}
+            model, _ = weighted_mean(models, weight=lambda r: by_client[r.client])
+            merged, present = hierarchical_prototypes(local, local_counts, groups, p.group_weighting)
+        else:
+            groups = torch.zeros(len(replies), dtype=torch.long)
+            model, _ = weighted_mean(models)
+            merged, total = merge_means(local, local_counts)
+            present = total > 0
+        previous, before = server[PROTOTYPES], server[PRESENT].bool()
+        prototypes = torch.where(present.unsqueeze(-1), merged, previous)
+        present = present | before
+        sep_before = float(separation_loss(prototypes, present, p.margin))
+        if p.contrastive and p.align_steps > 0:
+            prototypes = contrastive_refine(
+                prototypes, present, local, local_counts,
+                margin=p.margin, sep_weight=p.sep_weight, steps=p.align_steps, lr=p.align_lr,
+            )
+        stats = [
+            sum(r.metrics.get("reg_lambda", 0.0) for r in replies) / len(replies),
+            sum(r.metrics.get("heterogeneity", 0.0) for r in replies) / len(replies),
+            float(len(torch.unique(groups))),
+            sep_before,
+            float(separation_loss(prototypes, present, p.margin)),
+            min_distance(prototypes, present),
+        ]
+        return {
+            **model, PROTOTYPES: prototypes, PRESENT: present.to(previous.dtype),
+            STATS: torch.tensor(stats, dtype=torch.float64),
+        }
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return self._model(message)  # no personal model: the global one, shared storage
+
+    def global_model(self, server: Arrays) -> Arrays | None:
+        model = self._model(server)
+        if self.params.global_inference == "prototype" and bool(server[PRESENT].any()):
+            return with_prototype_head(model, server[PROTOTYPES], server[PRESENT] > 0)
+        return model

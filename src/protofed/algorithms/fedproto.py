@@ -1,0 +1,121 @@
+"""FedProto (Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients,
+AAAI 2022): clients exchange class prototypes, never model weights.
+
+Each round, client i
+1. trains its own model (kept in its state; FedProto shares no weights) on
+   CE + lam * mean over samples of ||f(x) - C_bar^(y)||^2 / D   (eq. 8; `_prototype_losses`),
+   where C_bar are the global prototypes the server sent (classes without one add nothing;
+   in round 1 there are none, so the loss is CE);
+2. sends its local prototypes C_i^(j) = mean of f(x) over its class-j training samples
+   (eq. 4), with the class counts, only for the classes it has.
+The server's global prototype of class j is the count-weighted mean of the clients' class-j
+prototypes (eq. 6) and goes down to every client. Inference (section "Inference"): the class
+of the nearest global prototype to f(x), expressed as weights: the personal model with its
+head replaced by the linear head W = 2C_bar, b = -||C_bar||^2 (`nearest_prototype_head`), so
+the evaluation protocol runs it as any other model.
+
+Ambiguities settled here (docs/results/pfpl.md lists them too):
+- Eq. 6 prints (1/|N_j|) * sum_i (|D_ij| / N_j) C_i^(j), whose two normalisations shrink the
+  prototype by |N_j|; read as the count-weighted mean (`weighting="count"`). The authors'
+  code takes the unweighted mean over clients: `weighting="uniform"`.
+- The distance is the mean squared error over the embedding's D dimensions (the official
+  code's nn.MSELoss), so lam is per dimension; lam = 1 is the official default.
+- Local prototypes are computed after local training, in eval mode, over the whole training
+  split (eq. 4); the official code averages the training-mode embeddings of the last epoch.
+- Inference compares with every class that has a global prototype (the official code's
+  test with global prototypes); a class no client has is never predicted. `inference="head"`
+  evaluates the personal model's own classifier instead (the official code reports both).
+  Before the first aggregation there are no global prototypes and the own head is used.
+- A client trains its personal model from the shared initial weights in its first round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from pydantic import Field
+
+from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.prototypes import (
+    embedding_means,
+    merge_means,
+    pack_prototypes,
+    unpack_prototypes,
+    with_prototype_head,
+)
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+class FedProto(Algorithm):
+    name = "fedproto"
+    summary = "Prototype exchange only: CE + lam*||f(x) - global prototype||^2; nearest-prototype inference."
+    reference = (
+        "Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022"
+    )
+    has_global_model = False
+
+    class Params(Hyperparams):
+        lam: float = Field(
+            1.0, ge=0, description="Weight of the prototype distance (FedProto's lambda; official default 1)."
+        )
+        weighting: Literal["count", "uniform"] = Field(
+            "count",
+            description="Global prototype = count-weighted mean (eq. 6) or the plain mean over "
+            "clients (the official code).",
+        )
+        inference: Literal["prototype", "head"] = Field(
+            "prototype",
+            description="Classify by the nearest global prototype (the paper) or by the personal "
+            "model's own head.",
+        )
+
+    params: Params
+
+    def init_server(self) -> Arrays:
+        return {}  # no global prototypes before the first round
+
+    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+        if not server:
+            return {}
+        return pack_prototypes(server["means"], server["counts"], with_counts=False)
+
+    def own_model(self, state: Arrays) -> Arrays:
+        """The client's personal model: its state, or the initial weights before round 1."""
+        return state if state else self.setting.init_model
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        num_classes = self.setting.num_classes
+        client.load(self.own_model(state))
+        protos, counts = unpack_prototypes(message, num_classes)
+        device = client.data.train_x.device
+        loss_fn = prototype_regularized_loss(protos.to(device), (counts > 0).to(device), self.params.lam)
+        metrics = client.train_model(loss_fn=loss_fn)
+        means, class_counts = embedding_means(
+            client.model, client.data.train_x, client.data.train_y, num_classes
+        )
+        metrics["num_examples"] = float(client.num_examples)
+        return pack_prototypes(means.cpu(), class_counts.cpu()), metrics, client.weights()
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        num_classes = self.setting.num_classes
+        means, counts = [], []
+        for reply in replies:
+            m, c = unpack_prototypes(reply.arrays, num_classes)
+            means.append(m)
+            counts.append(c if self.params.weighting == "count" else (c > 0).to(c.dtype))
+        if not means:
+            return server
+        merged, total = merge_means(torch.stack(means), torch.stack(counts))
+        return {"means": merged, "counts": total}
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        weights = self.own_model(state)
+        if self.params.inference == "head" or "proto.means" not in message:
+            return weights
+        protos, counts = unpack_prototypes(message, self.setting.num_classes)
+        return with_prototype_head(weights, protos, counts > 0)
