@@ -1,0 +1,100 @@
+"""FedBABU (Oh, Kim & Yun, ICLR 2022): train and share only the body; fine-tune to personalize.
+
+J. Oh, S. Kim, S.-Y. Yun. FedBABU: Toward Enhanced Representation for Federated Image
+Classification. ICLR 2022.
+
+During federated training the head (the last linear classifier) keeps its random initial
+weights on every client and is never updated; clients train only the body, and the server
+averages the bodies by sample count. With one fixed head shared by all, local updates cannot
+pull client heads apart, and the body has to carry the representation. To personalize, each
+client fine-tunes the global model on its own training data for `finetune_epochs` (tau_f = 5 in
+the paper, with the training learning rate). The global model is the averaged body with the
+fixed head.
+
+Decisions:
+- What is fine-tuned, `finetune`: "full" (default: body and head together, the fine-tuning of
+  the paper's personalization experiments) or "head" (the head alone, body frozen, the variant
+  the abstract describes), or "body".
+- Where fine-tuning runs: it needs the client's data, which the evaluation does not have, so it
+  runs in `fit`. Every round a client trains, it also fine-tunes the model it received (the
+  global model of the previous round), on its training split with its seeded generator, and
+  keeps the result as its state: the personalized model is "what fine-tuning would give if
+  training stopped now", deterministic given the seed, at the cost of `finetune_epochs` more
+  epochs per client and round (the paper fine-tunes once, at evaluation time). A client that
+  never trained is evaluated with the global model. `finetune_epochs=0` skips it.
+- Only the body is sent and received (the head never changes, so every client holds the
+  initial one); BatchNorm statistics of the body travel with the body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms._split import body_parameters, head_parameters, split_arrays
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+class FedBABU(Algorithm):
+    name = "fedbabu"
+    summary = "Head fixed at init, body trained and averaged; personalize by fine-tuning."
+    reference = (
+        "Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image "
+        "Classification, ICLR 2022"
+    )
+    has_global_model = True
+
+    class Params(Hyperparams):
+        finetune_epochs: int = Field(
+            5, ge=0, description="Fine-tuning epochs of the personalized model (paper tau_f: 5)."
+        )
+        finetune: Literal["full", "head", "body"] = Field(
+            "full",
+            description="What fine-tuning trains: 'full' (paper's experiments), 'head' or 'body'.",
+        )
+
+    params: Params
+
+    def fixed_head(self) -> Arrays:
+        """The head every client uses during federated training: the initial one."""
+        return split_arrays(self.setting.init_model)[1]
+
+    def init_server(self) -> Arrays:
+        return dict(split_arrays(self.setting.init_model)[0])
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        model = client.model
+        head = self.fixed_head()
+        client.load(message)
+        client.load(head)
+        metrics = client.train_model(parameters=body_parameters(model))
+        body, _ = split_arrays(client.weights())
+        personal: Arrays = {}
+        if self.params.finetune_epochs > 0:
+            client.load(message)
+            client.load(head)
+            part = self.params.finetune
+            parameters = None if part == "full" else (
+                head_parameters(model) if part == "head" else body_parameters(model)
+            )
+            tuned = client.train_model(epochs=self.params.finetune_epochs, parameters=parameters)
+            metrics["finetune_loss"] = tuned["loss"]
+            personal = client.weights()
+        metrics["num_examples"] = float(client.num_examples)
+        return body, metrics, personal
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        body, _ = weighted_mean(replies)
+        return body
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return state if state else {**message, **self.fixed_head()}
+
+    def global_model(self, server: Arrays) -> Arrays:
+        return {**server, **self.fixed_head()}

@@ -1,0 +1,103 @@
+"""FedBN (Li et al., ICLR 2021): federated learning with local batch normalisation.
+
+X. Li, M. Jiang, X. Zhang, M. Kamp, Q. Dou. FedBN: Federated Learning on Non-IID Features via
+Local Batch Normalization. ICLR 2021.
+
+FedAvg, except that every BatchNorm layer stays with its client: its affine parameters (weight,
+bias) and its running statistics (mean, variance, batch count) are trained and kept locally and
+never sent, so they are never averaged. Everything else is sent and averaged by sample count.
+Clients whose features are distributed differently (other sensors, other people, other image
+domains) each normalise with their own statistics. FedBN has no hyperparameters of its own.
+
+Decisions:
+- A BatchNorm layer is recognised by its running statistics: every `P.running_mean` in the
+  model's state names the layer `P`, whose `weight`, `bias`, `running_mean`, `running_var` and
+  `num_batches_tracked` are local. (A BatchNorm built with `track_running_stats=False` has no
+  statistics to keep; such layers are not supported.)
+- A model without BatchNorm is a configuration error (FedBN would silently be FedAvg): use
+  `resnet18`, `cnnbn` or `cnn1dbn`.
+- A client's BatchNorm layers start from the initial model's in its first round, and a client
+  that has never trained is evaluated with them (the paper has every client in every round).
+  With partial participation a client's BatchNorm layers are as old as its last round, while
+  the shared weights move on every round: FedBN is meant for full participation.
+- No global model: the server's averaged weights have no normalisation layers of their own to
+  run with (the paper evaluates each client's model only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+STATISTICS = "running_mean"  # the buffer that marks a BatchNorm layer
+LOCAL_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def batchnorm_names(names: Iterable[str] | Mapping[str, object]) -> list[str]:
+    """The names (parameters and buffers) that belong to BatchNorm layers, in `names`' order."""
+    names = list(names)
+    layers = {n[: -len(STATISTICS) - 1] for n in names if n.endswith("." + STATISTICS)}
+    return [
+        n for n in names
+        if "." in n and n.rsplit(".", 1)[0] in layers and n.rsplit(".", 1)[1] in LOCAL_SUFFIXES
+    ]
+
+
+def split_batchnorm(arrays: Arrays, local: Iterable[str]) -> tuple[Arrays, Arrays]:
+    """(shared, local) parts of `arrays`; the tensors are shared, not copied."""
+    local = set(local)
+    shared = {k: v for k, v in arrays.items() if k not in local}
+    return shared, {k: v for k, v in arrays.items() if k in local}
+
+
+class FedBN(Algorithm):
+    name = "fedbn"
+    summary = "FedAvg with local BatchNorm: BN weights and statistics never leave the client."
+    reference = (
+        "Li et al., FedBN: Federated Learning on Non-IID Features via Local Batch "
+        "Normalization, ICLR 2021"
+    )
+    has_global_model = False
+
+    class Params(Hyperparams):
+        """No hyperparameters: the local layers are the model's BatchNorm layers."""
+
+    def __init__(self, params: Hyperparams, setting: Setting) -> None:
+        super().__init__(params, setting)
+        self.local_names = batchnorm_names(setting.init_model)
+        if not self.local_names:
+            raise ConfigError(
+                "algorithm 'fedbn' needs a model with BatchNorm layers (e.g. model.name=resnet18, "
+                "cnnbn or cnn1dbn); without them it is FedAvg"
+            )
+
+    def local_layers(self, state: Arrays) -> Arrays:
+        """The client's BatchNorm layers: from its state, or the initial ones."""
+        if state:
+            return state
+        return split_batchnorm(self.setting.init_model, self.local_names)[1]
+
+    def init_server(self) -> Arrays:
+        return split_batchnorm(dict(self.setting.init_model), self.local_names)[0]
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        client.load(message)
+        client.load(self.local_layers(state))
+        metrics = client.train_model()
+        metrics["num_examples"] = float(client.num_examples)
+        shared, local = split_batchnorm(client.weights(), self.local_names)
+        return shared, metrics, local
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        model, _ = weighted_mean(replies)
+        return model
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return {**message, **self.local_layers(state)}

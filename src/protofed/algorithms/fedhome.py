@@ -1,0 +1,157 @@
+"""FedHome (Wu et al., IEEE TMC 2022): FedAvg, then per-client fine-tuning on a class-balanced
+set of embeddings completed with SMOTE synthetic samples.
+
+Q. Wu, X. Chen, Z. Zhou, J. Zhang. FedHome: Cloud-Edge Based Personalized Federated Learning
+for In-Home Health Monitoring. IEEE Trans. Mobile Computing 21(8), 2022.
+
+FedHome learns a shared model in the cloud by FedAvg. Once that model is stable, each client
+maps its training data to the model's low-dimensional representation (the body's embedding),
+balances the classes there with SMOTE (Chawla et al. 2002): every minority class is topped up to
+the size of the largest with points on segments between a sample and one of its k nearest
+neighbours of the same class, x + u * (x_nn - x), u ~ U(0, 1); then fine-tunes the classifier
+on that balanced set. Imbalanced in-home data stop biasing the personal model towards the
+frequent classes.
+
+Here the last `finetune_rounds` rounds are the personalization phase (FedSub and ProtoHAR, which
+compare against FedHome, start it 50 rounds before the end): in them the global model no longer
+changes, and each sampled client builds its balanced embedding set with the received global
+body and trains its own head on it for `finetune_epochs`, continuing from its head of earlier
+phase rounds (the global head at first). Its personalized model is the global body plus that
+head; the global model is the FedAvg model.
+
+Decisions:
+- The synthetic samples are drawn afresh, with the client's seeded generator, each time the
+  client fine-tunes (the re-implementation in ProtoHAR's code draws them once); the embeddings
+  themselves do not change, because the body is frozen in this phase.
+- SMOTE is implemented here (a few tensor operations): base samples uniformly with replacement,
+  a neighbour uniformly among the k nearest (Euclidean) of the same class, k = min(k, n_c - 1).
+  A class with a single sample cannot be interpolated and keeps only its sample; ProtoHAR's
+  code drops every class with at most k samples from the fine-tuning set, which makes the head
+  forget them.
+- The original FedHome learns the representation with a generative convolutional autoencoder;
+  here the representation is the body of whatever model is configured.
+- Only sampled clients fine-tune in a round (the re-implementation fine-tunes every client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import Field
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms._split import split_arrays
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.errors import ConfigError
+from protofed.prototypes import embed
+from protofed.runtime.training import train_epochs
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+def smote_balance(
+    x: torch.Tensor, y: torch.Tensor, k: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) followed by SMOTE samples that bring every class to the largest class's count.
+
+    Each synthetic point is x_a + u * (x_b - x_a) with x_a a random sample of the class, x_b one
+    of its k nearest neighbours within the class and u ~ U(0, 1); all draws use `generator`.
+    """
+    x = x.reshape(len(x), -1)
+    counts = torch.bincount(y.long())
+    target = int(counts.max()) if len(counts) else 0
+    new_x, new_y = [x], [y]
+    for c in range(len(counts)):
+        n = int(counts[c])
+        if n < 2 or n >= target:
+            continue
+        members = x[y == c]
+        kk = min(k, n - 1)
+        dist = torch.cdist(members, members)
+        dist.fill_diagonal_(float("inf"))
+        neighbours = dist.topk(kk, largest=False).indices.cpu()  # (n, kk)
+        need = target - n
+        base = torch.randint(n, (need,), generator=generator)
+        pick = torch.randint(kk, (need,), generator=generator)
+        other = neighbours[base, pick]
+        u = torch.rand(need, 1, generator=generator, dtype=x.dtype).to(x.device)
+        a, b = members[base.to(x.device)], members[other.to(x.device)]
+        new_x.append(a + u * (b - a))
+        new_y.append(torch.full((need,), c, dtype=y.dtype, device=y.device))
+    return torch.cat(new_x), torch.cat(new_y)
+
+
+class FedHome(Algorithm):
+    name = "fedhome"
+    summary = "FedAvg, then each client fine-tunes its head on SMOTE-balanced embeddings."
+    reference = (
+        "Wu et al., FedHome: Cloud-Edge Based Personalized Federated Learning for In-Home "
+        "Health Monitoring, IEEE TMC 2022"
+    )
+    has_global_model = True
+
+    class Params(Hyperparams):
+        finetune_rounds: int = Field(
+            50,
+            ge=0,
+            description="The last rounds are fine-tuning rounds (FedSub/ProtoHAR: 50); must be "
+            "below train.rounds.",
+        )
+        k_neighbors: int = Field(5, ge=1, description="SMOTE's k nearest neighbours (SMOTE: 5).")
+        finetune_epochs: int | None = Field(
+            None, ge=1, description="Head epochs per fine-tuning round; None: train.local_epochs."
+        )
+        head_lr: float | None = Field(
+            None, gt=0, description="Learning rate of the head fine-tuning; None: train.lr."
+        )
+
+    params: Params
+
+    def __init__(self, params: Hyperparams, setting: Setting) -> None:
+        super().__init__(params, setting)
+        rounds = setting.train.rounds
+        if self.params.finetune_rounds >= rounds:
+            raise ConfigError(
+                f"algorithm.finetune_rounds={self.params.finetune_rounds} must be below "
+                f"train.rounds={rounds} (FedHome needs FedAvg rounds before fine-tuning)"
+            )
+
+    def finetuning(self, round: int) -> bool:
+        """Whether `round` belongs to the personalization phase."""
+        return round > self.setting.train.rounds - self.params.finetune_rounds
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        client.load(message)
+        if not self.finetuning(client.round):
+            metrics = client.train_model()
+            metrics["num_examples"] = float(client.num_examples)
+            return client.weights(), metrics, {}
+        client.load(self.head(message, state))
+        model = client.model
+        z = embed(model, client.data.train_x)
+        zb, yb = smote_balance(z, client.data.train_y, self.params.k_neighbors, client.generator)
+        metrics = train_epochs(
+            model.head, zb, yb, client.train, client.generator,
+            epochs=self.params.finetune_epochs, lr=self.params.head_lr,
+        )
+        metrics["num_examples"] = float(client.num_examples)
+        metrics["balanced_examples"] = float(len(yb))
+        _, head = split_arrays(client.weights())
+        return {}, metrics, head
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        if self.finetuning(round):
+            for _ in replies:  # nothing is sent up: the global model stays as it is
+                pass
+            return server
+        model, _ = weighted_mean(replies)
+        return model
+
+    def head(self, message: Arrays, state: Arrays) -> Arrays:
+        return state if state else split_arrays(message)[1]
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return {**message, **state}

@@ -1,0 +1,194 @@
+"""FedNH (Dai et al., AAAI 2023): class prototypes spread uniformly on the hypersphere, then
+smoothly infused with class semantics by the server.
+
+Y. Dai, Z. Chen, J. Li, S. Heinecke, L. Sun, R. Xu. Tackling Data Heterogeneity in Federated
+Learning with Class Prototypes. AAAI 2023.
+
+The head is a cosine classifier over the class prototypes P (unit rows): logits = s * <f/||f||,
+p_c>, with a scaling s. The server starts P uniformly spread on the unit sphere (so classes that
+few clients have cannot collapse onto each other) and keeps P fixed during local training:
+clients train only the body (and s). After local training a client sends, for every class it
+has, the mean of its normalised embeddings, normalised again, and the class count. The server
+averages the bodies, merges the class means weighted by the counts, normalises, and moves P
+smoothly towards them:
+    P_c <- normalize(rho * P_c + (1 - rho) * normalize(sum_i n_ic mu_ic / sum_i n_ic)),
+rho = 0.9; a class no client of the round has keeps its prototype.
+
+How it runs as an ordinary model: the model's own linear head holds W = P and b = 0. Because s
+> 0 and ||f|| is the same for every class, argmax_c s * cos(f, p_c) = argmax_c <f, p_c>, so the
+evaluation loads the weights and predicts exactly as the cosine classifier does; training uses
+the cosine logits directly (`cosine_logits`).
+
+Decisions:
+- Uniform initialisation: the paper asks for prototypes whose largest pairwise cosine is as
+  small as possible. For C <= D classes that optimum is known in closed form, the regular
+  simplex (every pairwise cosine -1/(C-1)), used here exactly; for C > D it is approximated by
+  projected gradient descent on a log-sum-exp of the pairwise cosines (a smooth maximum) from a
+  start drawn with the config's seed. The authors' code uses a random orthogonal matrix (pairwise cosine 0);
+  `init="orthogonal"` gives orthonormal rows (C <= D).
+- s is learnable from `scale` = 1.0 (the authors' default for CNNs; `learn_scale=false` fixes
+  it, their optional setting uses 30) and averaged with the body.
+- Bodies and s are averaged by sample count, as FedAvg here (the authors' server uses equal
+  weights per participant).
+- The personalized model is the model after the client's last local training (the authors'
+  "PM"); the global model is the server's body with the current prototypes.
+- The authors clip gradients to norm 10; the training loop here does not clip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from protofed.algorithms._aggregate import split_off, weighted_mean
+from protofed.algorithms._split import body_parameters
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+SCALE = "fednh.scale"
+PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
+
+
+def uniform_prototypes(
+    num_classes: int, dim: int, steps: int = 2000, seed: int = 0
+) -> torch.Tensor:
+    """(C, D) unit vectors whose largest pairwise cosine is (near) the smallest possible.
+
+    C <= D: the regular simplex, exactly (pairwise cosine -1/(C-1)). C > D: projected gradient
+    descent on a smooth maximum of the pairwise cosines, from a start drawn with `seed`.
+    """
+    if num_classes == 1:
+        return F.one_hot(torch.zeros(1, dtype=torch.long), dim).float()
+    if num_classes <= dim:
+        simplex = torch.eye(num_classes) - 1.0 / num_classes
+        return F.normalize(F.pad(simplex, (0, dim - num_classes)), dim=1)
+    points = torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(seed))
+    points = F.normalize(points, dim=1).requires_grad_(True)
+    optimizer = torch.optim.SGD([points], lr=0.1)
+    off = ~torch.eye(num_classes, dtype=torch.bool)
+    temperature = 0.01  # t * logsumexp(cos / t) is within t * log(C^2) of the largest cosine
+    for _ in range(steps):
+        unit = F.normalize(points, dim=1)
+        loss = temperature * torch.logsumexp((unit @ unit.T)[off] / temperature, dim=0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            points.copy_(F.normalize(points, dim=1))
+    return F.normalize(points.detach(), dim=1)
+
+
+def orthogonal_prototypes(num_classes: int, dim: int) -> torch.Tensor:
+    """(C, D) orthonormal rows (the authors' choice); needs C <= D."""
+    if num_classes > dim:
+        raise ValueError(f"orthogonal prototypes need classes ({num_classes}) <= dim ({dim})")
+    return torch.eye(num_classes, dim)
+
+
+def smooth_update(
+    prototypes: torch.Tensor, means: torch.Tensor, counts: torch.Tensor, rho: float
+) -> torch.Tensor:
+    """FedNH's server step: P <- normalize(rho P + (1 - rho) normalize(count-weighted mean)).
+
+    means (M, C, D) the clients' normalised class means, counts (M, C). A class with no count
+    keeps its prototype (its merged mean is zero, so the update only renormalises P).
+    """
+    merged, _ = merge_means(means, counts)
+    return F.normalize(rho * prototypes + (1 - rho) * F.normalize(merged, dim=1), dim=1)
+
+
+def cosine_logits(
+    model: nn.Module, x: torch.Tensor, prototypes: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """s * cos(f(x), p_c) for every class c."""
+    return scale * F.normalize(model.features(x), dim=1) @ F.normalize(prototypes, dim=1).T
+
+
+class FedNH(Algorithm):
+    name = "fednh"
+    summary = "Cosine head of uniformly spread prototypes, fixed locally, moved by the server with momentum."
+    reference = (
+        "Dai et al., Tackling Data Heterogeneity in Federated Learning with Class Prototypes, "
+        "AAAI 2023"
+    )
+    has_global_model = True
+
+    class Params(Hyperparams):
+        rho: float = Field(
+            0.9, ge=0, le=1, description="Smoothing of the server's prototype update (paper: 0.9)."
+        )
+        scale: float = Field(
+            1.0, gt=0, description="Initial scaling s of the cosine logits (authors' CNNs: 1)."
+        )
+        learn_scale: bool = Field(
+            True, description="Train s with the body (authors' default); false keeps it fixed."
+        )
+        init: Literal["uniform", "orthogonal"] = Field(
+            "uniform",
+            description="Prototype initialisation: uniform = minimal largest cosine (paper), "
+            "orthogonal = orthonormal rows (authors' code).",
+        )
+
+    params: Params
+
+    def init_server(self) -> Arrays:
+        server = dict(self.setting.init_model)
+        weight = server["head.weight"]
+        num_classes, dim = weight.shape
+        if self.params.init == "uniform":
+            prototypes = uniform_prototypes(num_classes, dim, seed=self.setting.seed)
+        else:
+            prototypes = orthogonal_prototypes(num_classes, dim)
+        server["head.weight"] = prototypes.to(weight)
+        if "head.bias" in server:
+            server["head.bias"] = torch.zeros_like(server["head.bias"])
+        server[SCALE] = torch.tensor([self.params.scale], dtype=weight.dtype, device=weight.device)
+        return server
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        model_part = {k: v for k, v in message.items() if k != SCALE}
+        client.load(model_part)
+        device = message["head.weight"].device
+        scale = nn.Parameter(message[SCALE].detach().clone().to(device))
+        prototypes = message["head.weight"].detach()
+
+        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(cosine_logits(model, x, prototypes, scale), y)
+
+        trained = body_parameters(client.model) + ([scale] if self.params.learn_scale else [])
+        metrics = client.train_model(loss_fn=loss, parameters=trained)
+        features = F.normalize(embed(client.model, client.data.train_x), dim=1)
+        means, counts = class_means(features, client.data.train_y, self.setting.num_classes)
+        weights = client.weights()
+        body = {k: v for k, v in weights.items() if not k.startswith("head.")}
+        metrics["num_examples"] = float(client.num_examples)
+        metrics["scale"] = float(scale.detach())
+        reply = {**body, SCALE: scale.detach().clone(),
+                 **pack_prototypes(F.normalize(means, dim=1), counts)}
+        return reply, metrics, weights
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        extras: list[Arrays] = []
+        body, _ = weighted_mean(split_off(replies, PACKED, extras))
+        dense = [unpack_prototypes(e, self.setting.num_classes) for e in extras]
+        prototypes = smooth_update(
+            server["head.weight"],
+            torch.stack([m for m, _ in dense]).to(server["head.weight"]),
+            torch.stack([c for _, c in dense]).to(server["head.weight"]),
+            self.params.rho,
+        )
+        return {**server, **body, "head.weight": prototypes}
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return state if state else {k: v for k, v in message.items() if k != SCALE}
+
+    def global_model(self, server: Arrays) -> Arrays | None:
+        return {k: v for k, v in server.items() if k != SCALE}

@@ -1,0 +1,254 @@
+"""FedPAC (Xu et al., ICLR 2023): feature alignment to global prototypes and classifier
+collaboration with per-client combination weights.
+
+J. Xu, X. Tong, S.-L. Huang. Personalized Federated Learning with Feature Alignment and
+Classifier Collaboration. ICLR 2023.
+
+Client, each round (the update it shares with ProtoHAR, `_decoupled.head_then_aligned_body`):
+train the classifier head for `head_epochs` (1) with the body frozen, then the body for
+`body_epochs` with the head frozen on CE + lam * mse(f(x), c_y), c_y the global prototype of
+the sample's class (lam = 1). It sends the body, its head, its class prototypes and counts, and
+the scalar feature variance V_i below.
+
+Server: the global body is the sample-weighted mean of the bodies; the global prototype of a
+class is the count-weighted mean of the clients' prototypes. Classifier collaboration: with
+pi_i the label distribution of client i and mu_i its class means, h_i = (pi_ik mu_ik)_k is the
+feature-label statistic a linear head is fit to, and
+    V_i = (sum_k pi_ik E_k||f||^2 - ||h_i||^2) / n_i
+the variance of its sample estimate. Client i's new head is sum_j alpha_ij phi_j over the round's
+clients j, with alpha_i minimising the estimated bias + variance of the combined statistic:
+    min_{alpha in simplex}  ||sum_j alpha_j h_j - h_i||^2 + sum_j alpha_j^2 V_j
+                          = alpha^T (G_i + diag(V)) alpha,   (G_i)_jk = <h_j - h_i, h_k - h_i>,
+a convex quadratic program on the probability simplex (the paper's eq. 10 with its statistics).
+
+Decisions:
+- How the QP is solved: Q = Z^T Z with Z's columns z_j = (h_j - h_i, sqrt(V_j) e_j), so the
+  problem is the minimum-norm point of the convex hull of the z_j, which Wolfe's algorithm
+  solves exactly in finitely many steps from Q alone (`simplex_qp`, at most `qp_iters` major
+  steps). The authors call cvxpy; this needs no solver dependency, and unlike projected gradient
+  it stays exact when Q is badly conditioned (statistics of very different scales). Weights
+  below `min_weight` (the authors' 1e-3) are set to zero and the rest renormalised.
+- The combined head is sent to client i in its next round (the authors write it into the
+  client's model at once); until a client has one, it uses its own head (the initial head
+  before its first round). Its personalized model is the received body plus that head.
+- The statistics and prototypes are computed after local training, in eval mode.
+- Classes without a global prototype add nothing to the alignment term (the authors align them
+  to the client's own pre-training prototype, a near-zero pull); prototypes of classes no
+  client of the round has are dropped for the next round, as in the authors' code.
+- Head learning rate: `head_lr` (None: train.lr; the authors' code uses 0.1 for the head). The
+  authors' SGD momentum 0.5 and weight decay 5e-4 are `train.*` settings here.
+- There is no global model: the server holds a body and per-client heads, no shared head.
+- Prototypes travel as `pack_prototypes` rows (only present classes), so the bytes counted
+  are the bytes needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import Field
+
+from protofed.algorithms._aggregate import split_off, weighted_mean
+from protofed.algorithms._decoupled import head_then_aligned_body
+from protofed.algorithms._split import head_names, is_head, split_arrays
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+VARIANCE = "fedpac.variance"
+HEAD_OF = "fedpac.head."  # server state: fedpac.head.<client>.<head tensor name>
+PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
+
+
+def feature_statistics(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(class means (C, D), class counts (C,), V) of one client's embeddings.
+
+    V = (sum_k pi_k E_k||f||^2 - sum_k ||pi_k mu_k||^2) / n: the variance of the sample mean of
+    e_y f^T, whose expectation is h = (pi_k mu_k)_k.
+    """
+    features = features.double()
+    means, counts = class_means(features, labels, num_classes)
+    second, _ = class_means(features.pow(2).sum(1, keepdim=True), labels, num_classes)
+    n = counts.sum().clamp(min=1)
+    pi = counts / n
+    h = pi.unsqueeze(1) * means
+    variance = ((pi * second[:, 0]).sum() - h.pow(2).sum()) / n
+    return means, counts, variance.clamp(min=0)
+
+
+def simplex_qp(q: torch.Tensor, iters: int = 1000, tol: float = 1e-12) -> torch.Tensor:
+    """argmin over the probability simplex of a^T q a, q a PSD Gram matrix, exactly.
+
+    With q = Z^T Z this is the point of smallest norm in the convex hull of Z's columns, which
+    Wolfe's algorithm (1976) finds in finitely many steps: keep an affinely independent support
+    S, add the column most opposed to the current point, re-solve the affine problem on S
+    (min a^T q_SS a s.t. sum a = 1, a KKT linear system) and step back to the hull's face when a
+    weight would turn negative. Only q is needed, never Z.
+    """
+    q = q.double()
+    m = len(q)
+    weights = torch.zeros(m, dtype=q.dtype, device=q.device)
+    first = int(torch.argmin(torch.diagonal(q)))
+    support = [first]
+    weights[first] = 1.0
+    scale = max(float(torch.diagonal(q).max()), 1e-300)
+    for _ in range(iters):
+        grad = q @ weights  # <x, z_j> for every column j
+        norm2 = float(weights @ grad)  # ||x||^2
+        j = int(torch.argmin(grad))
+        if norm2 - float(grad[j]) <= tol * scale or j in support:
+            break
+        support.append(j)
+        for _ in range(m + 1):  # minor cycles: at most one removal per support member
+            idx = torch.tensor(support, device=q.device)
+            affine = _affine_min_norm(q[idx][:, idx])
+            if bool((affine > tol).all()):
+                weights = torch.zeros_like(weights)
+                weights[idx] = affine
+                break
+            current = weights[idx]
+            shrinking = affine <= tol
+            theta = float(torch.min(current[shrinking] / (current[shrinking] - affine[shrinking])))
+            mixed = current + theta * (affine - current)
+            weights = torch.zeros_like(weights)
+            weights[idx] = mixed.clamp(min=0)
+            support = [k for k in support if float(weights[k]) > tol]
+            weights = weights / weights.sum()
+    return weights
+
+
+def _affine_min_norm(q: torch.Tensor) -> torch.Tensor:
+    """argmin a^T q a subject to sum(a) = 1 (no sign constraint), from the KKT system."""
+    k = len(q)
+    kkt = torch.zeros(k + 1, k + 1, dtype=q.dtype, device=q.device)
+    kkt[:k, :k] = q
+    kkt[:k, k] = 1
+    kkt[k, :k] = 1
+    rhs = torch.zeros(k + 1, dtype=q.dtype, device=q.device)
+    rhs[k] = 1
+    solution = torch.linalg.lstsq(kkt, rhs.unsqueeze(1)).solution[:, 0]
+    return solution[:k]
+
+
+def combination_weights(
+    h: torch.Tensor, variance: torch.Tensor, min_weight: float = 1e-3, iters: int = 1000
+) -> torch.Tensor:
+    """(M, M): row i = client i's weights over the M clients' heads (FedPAC's QP).
+
+    h (M, C, D) the clients' statistics pi_k mu_k, variance (M,) their V_j.
+    """
+    flat = h.reshape(len(h), -1).double()
+    rows = []
+    for i in range(len(flat)):
+        diff = flat - flat[i]
+        q = diff @ diff.T + torch.diag(variance.double())
+        alpha = simplex_qp(q, iters)
+        alpha = torch.where(alpha < min_weight, torch.zeros_like(alpha), alpha)
+        rows.append(alpha / alpha.sum())
+    return torch.stack(rows)
+
+
+class FedPAC(Algorithm):
+    name = "fedpac"
+    summary = "Body aligned to global prototypes; each head a QP-weighted mix of the clients' heads."
+    reference = (
+        "Xu et al., Personalized Federated Learning with Feature Alignment and Classifier "
+        "Collaboration, ICLR 2023"
+    )
+    has_global_model = False
+
+    class Params(Hyperparams):
+        lam: float = Field(1.0, ge=0, description="Weight of the feature alignment term (paper: 1).")
+        head_epochs: int = Field(
+            1, ge=0, description="Epochs training the head, body frozen, each round (paper: 1)."
+        )
+        body_epochs: int | None = Field(
+            None, ge=0, description="Epochs training the body, head frozen; None: train.local_epochs."
+        )
+        head_lr: float | None = Field(
+            None, gt=0, description="Learning rate of the head phase; None: train.lr (authors: 0.1)."
+        )
+        min_weight: float = Field(
+            1e-3, ge=0, lt=1, description="Combination weights below this are zeroed (authors: 1e-3)."
+        )
+        qp_iters: int = Field(
+            1000, ge=1, description="Most major steps of the QP solver (Wolfe's min-norm point)."
+        )
+
+    params: Params
+
+    def init_server(self) -> Arrays:
+        body, head = split_arrays(self.setting.init_model)
+        weight = head["head.weight"]  # (classes, embedding dim): no prototype yet
+        return {**body, **pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
+                                          with_counts=False)}
+
+    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+        """The body, the global prototypes, and this client's combined head if it has one."""
+        own = f"{HEAD_OF}{client}."
+        message = {k: v for k, v in server.items() if not k.startswith(HEAD_OF)}
+        message.update({k[len(own):]: v for k, v in server.items() if k.startswith(own)})
+        return message
+
+    def _head(self, message: Arrays, state: Arrays) -> Arrays:
+        combined = {k: v for k, v in message.items() if is_head(k)}
+        if combined:
+            return combined
+        return state if state else split_arrays(self.setting.init_model)[1]
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        client.load({k: v for k, v in message.items() if k not in PACKED and not is_head(k)})
+        client.load(self._head(message, state))
+        prototypes, present = unpack_prototypes(message, self.setting.num_classes)
+        metrics = head_then_aligned_body(
+            client,
+            prototypes=prototypes,
+            present=present,
+            lam=self.params.lam,
+            head_epochs=self.params.head_epochs,
+            body_epochs=self.params.body_epochs,
+            head_lr=self.params.head_lr,
+        )
+        features = embed(client.model, client.data.train_x)
+        means, counts, variance = feature_statistics(
+            features, client.data.train_y, self.setting.num_classes
+        )
+        weights = client.weights()
+        _, head = split_arrays(weights)
+        metrics["num_examples"] = float(client.num_examples)
+        extras = {**pack_prototypes(means.float(), counts.float()),
+                  VARIANCE: variance.float().reshape(1)}
+        return {**weights, **extras}, metrics, head
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        heads = head_names(self.setting.init_model)
+        extras: list[Arrays] = []
+        body, seen = weighted_mean(split_off(replies, [*PACKED, VARIANCE, *heads], extras))
+        dense = [unpack_prototypes(e, self.setting.num_classes) for e in extras]
+        means = torch.stack([m for m, _ in dense])
+        counts = torch.stack([c for _, c in dense])
+        prototypes, total = merge_means(means, counts)
+        pi = counts / counts.sum(1, keepdim=True).clamp(min=1)
+        alpha = combination_weights(
+            pi.unsqueeze(-1) * means,
+            torch.cat([e[VARIANCE] for e in extras]),
+            self.params.min_weight,
+            self.params.qp_iters,
+        )
+        new = {k: v for k, v in server.items() if k.startswith(HEAD_OF)}  # clients not seen
+        for name in heads:
+            stacked = torch.stack([e[name].double() for e in extras])
+            mixed = torch.tensordot(alpha.to(stacked), stacked, dims=1)  # row i: client i's head
+            for i, reply in enumerate(seen):
+                new[f"{HEAD_OF}{reply.client}.{name}"] = mixed[i].to(extras[i][name].dtype)
+        return {**body, **pack_prototypes(prototypes, total, with_counts=False), **new}
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        body = {k: v for k, v in message.items() if k not in PACKED and not is_head(k)}
+        return {**body, **self._head(message, state)}

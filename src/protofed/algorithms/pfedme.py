@@ -1,0 +1,146 @@
+"""pFedMe (T. Dinh, Tran & Nguyen, NeurIPS 2020): personalized models through Moreau envelopes.
+
+C. T. Dinh, N. H. Tran, T. D. Nguyen. Personalized Federated Learning with Moreau Envelopes.
+NeurIPS 2020.
+
+Each client's personalized model theta is the proximal point of its loss around its local copy
+w of the global model:  theta(w) = argmin_theta f(theta) + lam/2 * ||theta - w||^2. At every
+local step, on one batch D (Algorithm 1):
+
+    theta <- K gradient steps, size personal_lr, on  f(theta; D) + lam/2 * ||theta - w||^2
+    w     <- w - lr * lam * (w - theta)      (a gradient step on the Moreau envelope of f at w)
+
+The server mixes the sample-weighted mean of the clients' w into its model with weight beta:
+w <- (1 - beta) * w + beta * mean(w_i); beta = 1 is plain averaging, beta > 1 the paper's
+acceleration. The global model is w; a client's personalized model is its latest theta.
+
+Defaults are the paper's MNIST settings for neural networks (the authors' repository):
+lam = 15, K = 5, personal_lr = 0.09, beta = 1; lr is `train.lr` (paper: 0.005).
+
+Decisions:
+- theta and w start as the received model each round; theta carries over from one batch to the
+  next within the round (the K steps start from the previous theta, as the authors' code).
+- A local epoch is one pass over the client's shuffled batches, one outer step per batch.
+- The updates are plain gradient steps, as in the paper: `train.optimizer`, momentum and weight
+  decay do not apply.
+- BatchNorm statistics are updated by theta's forward passes and sent with w (w itself is only
+  ever a set of parameters in the method).
+- The personalized model (theta, with those statistics) is kept in the client's state; a
+  client that never trained is evaluated with the global model.
+- ALA plug-in (`algorithm.ala.*`, as the FedALA slides apply it): the local model is the w the
+  client trained and sent back last time; theta and w then start from ALA's aggregate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.runtime.training import batches, cross_entropy
+
+if TYPE_CHECKING:
+    from protofed.runtime.client import Client
+
+
+def proximal_steps(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    anchor: list[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lam: float,
+    lr: float,
+    steps: int,
+) -> float:
+    """`steps` gradient steps of size `lr` on  f(theta; x, y) + lam/2 ||theta - anchor||^2,
+    in place on the model's `params` (theta); returns the last step's f."""
+    value = 0.0
+    for _ in range(steps):
+        loss = cross_entropy(model, x, y)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g, a in zip(params, grads, anchor, strict=True):
+                p.sub_(lr * (g + lam * (p - a)))
+        value = loss.item()
+    return value
+
+
+def server_mix(server: Arrays, mean: Arrays, beta: float) -> Arrays:
+    """(1 - beta) * w + beta * mean on floating tensors; integer buffers from the mean."""
+    if beta == 1:
+        return mean
+    return {
+        n: torch.lerp(server[n], m, beta) if m.is_floating_point() else m
+        for n, m in mean.items()
+    }
+
+
+class PFedMe(Algorithm):
+    name = "pfedme"
+    summary = "Personal models as proximal points (Moreau envelopes) of a shared model."
+    reference = (
+        "T. Dinh, Tran & Nguyen, Personalized Federated Learning with Moreau Envelopes, "
+        "NeurIPS 2020"
+    )
+    has_global_model = True
+    ala_local = "reply"  # ALA plug-in: the local model is the w the client trained last
+
+    class Params(Hyperparams):
+        lam: float = Field(
+            15.0, gt=0, description="Regularization lambda tying theta to w (paper: 15)."
+        )
+        inner_steps: int = Field(
+            5, ge=1, description="K: gradient steps solving for theta per batch (paper: 5)."
+        )
+        personal_lr: float = Field(
+            0.09, gt=0, description="Step size of the K steps on theta (paper, MNIST DNN: 0.09)."
+        )
+        beta: float = Field(
+            1.0, gt=0, description="Server mixing weight of the clients' mean (paper: 1; 2 "
+            "accelerates)."
+        )
+
+    params: Params
+
+    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+        client.load(message)
+        model = client.model
+        params = list(model.parameters())
+        local = [p.detach().clone() for p in params]  # w
+        lam, lr = self.params.lam, client.train.lr
+        x, y = client.data.train_x, client.data.train_y
+        model.train()
+        total, steps = 0.0, 0
+        for _ in range(client.train.local_epochs):
+            for idx in batches(len(x), client.train.batch_size, client.generator):
+                total += proximal_steps(
+                    model, params, local, x[idx], y[idx], lam,
+                    self.params.personal_lr, self.params.inner_steps,
+                )
+                with torch.no_grad():
+                    for w, theta in zip(local, params, strict=True):
+                        w.sub_(lr * lam * (w - theta))
+                steps += 1
+        theta = client.weights()  # with the running statistics
+        names = [n for n, _ in model.named_parameters()]
+        reply = {**theta, **dict(zip(names, local, strict=True))}
+        personal = theta if steps else {}
+        metrics: Metrics = {
+            "loss": total / max(steps, 1),  # f(theta; D) at the last inner step of each batch
+            "steps": float(steps),
+            "num_examples": float(client.num_examples),
+        }
+        return reply, metrics, personal
+
+    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+        mean, _ = weighted_mean(replies)
+        return server_mix(server, mean, self.params.beta)
+
+    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+        return state if state else message
