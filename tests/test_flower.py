@@ -1,0 +1,376 @@
+"""protofed on Flower: the wire format, reply validation, the simulation engine against the
+built-in one, and a real deployment (SuperLink + 3 SuperNodes) on loopback.
+
+Real data throughout: a slice of UCI-HAR (a few subjects, every few windows, 6 channels).
+Starting Ray is most of the cost, so every Flower simulation experiment of this file runs in
+one session (`engine.run_simulations`); the deployment test starts its own processes and
+stops each one by its PID, also when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord, MetricRecord  # noqa: E402
+
+from protofed.algorithms.base import Reply  # noqa: E402
+from protofed.config import load_config  # noqa: E402
+from protofed.errors import ConfigError  # noqa: E402
+from protofed.flower import wire  # noqa: E402
+from protofed.flower.engine import FLOWER_ENV, RoundFailed, run_simulations  # noqa: E402
+from protofed.flower.engine import start as start_flower  # noqa: E402
+from protofed.flower.partitions import export_partitions, load_partition  # noqa: E402
+from protofed.flower.validation import ReplyValidator  # noqa: E402
+from protofed.runtime.parallel import fit_client  # noqa: E402
+from protofed.runtime.simulation import Simulation, prepare  # noqa: E402
+
+for _key, _value in FLOWER_ENV.items():  # no telemetry, no update check, no pip installs
+    os.environ.setdefault(_key, _value)
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+# The algorithms whose Flower runs must equal the built-in engine's. Add a name here when an
+# algorithm lands; its experiment joins the one simulation session below.
+EQUIVALENT = ["fedavg", "fedali", "pfpl", "fedproto", "ditto", "fedsub"]
+SMALL = {  # per-algorithm settings that keep the runs short
+    "fedali": ["model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[8,8,4,4,4,4]",
+               "train.optimizer=adam", "train.lr=0.002", "algorithm.kmeans_iters=5"],
+}
+
+
+def _har_slice(shared_data: Path, path: Path, subjects: list[int], every: int) -> Path:
+    """UCI-HAR windows of a few subjects (natural clients), total acc + body gyro."""
+    raw = np.load(shared_data / "har" / "uci_har.npz", allow_pickle=False)
+    channels = [str(c) for c in raw["channels"]]
+    pick = [channels.index(f"{k}_{a}") for k in ("total_acc", "body_gyro") for a in "xyz"]
+    keep = np.isin(raw["subject"], subjects) & (np.arange(len(raw["y"])) % every == 0)
+    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
+    return path
+
+
+def _config(path: Path, name: str, *extra: str):
+    model = SMALL.get(name, ["model.name=mlp", "model.hidden=[64]"])
+    return load_config(None, [
+        "data.name=arrays", f"data.path={path}", "data.partition=natural", "seed=1",
+        "train.rounds=2", "train.threads=1", "eval.batch_size=256", *model,
+        f"algorithm.name={name}", *extra,
+    ])
+
+
+@pytest.fixture(scope="module")
+def har(shared_data, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("har")
+    return {
+        "4": _har_slice(shared_data, folder / "har4.npz", [1, 3, 5, 6], every=6),
+        "6": _har_slice(shared_data, folder / "har6.npz", [1, 3, 5, 6, 7, 8], every=8),
+        "3": _har_slice(shared_data, folder / "har3.npz", [1, 3, 5], every=6),
+    }
+
+
+# the wire ------------------------------------------------------------------------------------
+def test_arrays_cross_the_wire_unchanged_and_never_pickled() -> None:
+    arrays = {
+        "w": torch.randn(3, 4), "b": torch.randn(4, dtype=torch.float64),
+        "n": torch.tensor(7, dtype=torch.int64), "mask": torch.tensor([True, False]),
+        "empty": torch.zeros(0, 5),
+    }
+    back = wire.from_record(wire.to_record(arrays))
+    assert list(back) == list(arrays)
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
+    assert wire.from_metrics(wire.to_metrics({"loss": 0.5, "num_examples": 12})) == {
+        "loss": 0.5, "num_examples": 12.0}
+    # an object array only decodes with pickle: it is refused
+    buffer = BytesIO()
+    np.save(buffer, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    record = ArrayRecord()
+    record["evil"] = Array(dtype="object", shape=(1,), stype="numpy.ndarray", data=buffer.getvalue())
+    with pytest.raises(ValueError, match="evil"):
+        wire.from_record(record)
+    with pytest.raises(ValueError, match="loss"):
+        wire.from_metrics(MetricRecord({"loss": float("nan")}))
+
+
+# validation ----------------------------------------------------------------------------------
+def test_malformed_replies_are_rejected_with_a_reason(har, caplog) -> None:
+    prepared = prepare(_config(har["4"], "fedavg"))
+    server = prepared.algorithm.init_server()
+    replies = []
+    for cid in range(4):
+        arrays, metrics, _, _ = fit_client(prepared, None, server, cid, 1, {})
+        replies.append(Reply(cid, arrays, metrics))
+    name = next(iter(replies[0].arrays))
+    nan = dict(replies[1].arrays, **{name: replies[1].arrays[name].clone().fill_(math.nan)})
+    shape = dict(replies[2].arrays, **{name: replies[2].arrays[name][:-1].clone()})
+    missing = {k: v for k, v in replies[3].arrays.items() if k != name}
+    bad = [replies[0], Reply(1, nan, replies[1].metrics), Reply(2, shape, replies[2].metrics),
+           Reply(3, missing, replies[3].metrics)]
+    validator = ReplyValidator.for_model(prepared.model.state_dict())
+    messages = {cid: server for cid in range(4)}
+    kept, rejected = validator.check_round(bad, messages)
+    assert [r.client for r in kept] == [0]
+    reasons = {r.client: r.reason for r in rejected}
+    assert "non-finite" in reasons[1] and name in reasons[1]
+    assert "the model's weight is" in reasons[2]
+    assert "missing" in reasons[3] and name in reasons[3]
+    # well-formed replies all pass, and negative sample counts do not
+    kept, rejected = validator.check_round(replies, messages)
+    assert len(kept) == 4 and not rejected
+    assert "negative" in validator.check_one(replies[0].arrays, {"num_examples": -1.0}, server)
+
+
+def test_prototype_replies_may_differ_in_rows_but_not_in_width(har) -> None:
+    """FedProto sends one row per class present: clients differ in rows, never in width."""
+    prepared = prepare(_config(har["4"], "fedproto", "data.partition=dirichlet",
+                               "data.num_clients=4", "data.alpha=0.2"))
+    server = prepared.algorithm.init_server()
+    replies = [Reply(cid, *fit_client(prepared, None, server, cid, 1, {})[:2]) for cid in range(4)]
+    rows = {r.arrays["proto.means"].shape[0] for r in replies}
+    assert len(rows) > 1  # the clients really hold different classes
+    validator = ReplyValidator.for_model(prepared.model.state_dict())
+    kept, rejected = validator.check_round(replies, {cid: {} for cid in range(4)})
+    assert len(kept) == 4 and not rejected
+    narrow = dict(replies[0].arrays, **{"proto.means": replies[0].arrays["proto.means"][:, :-1]})
+    kept, rejected = validator.check_round([Reply(0, narrow, replies[0].metrics), *replies[1:]],
+                                           {cid: {} for cid in range(4)})
+    assert [r.client for r in rejected] == [0] and "proto.means" in rejected[0].reason
+
+
+def test_flower_settings_are_validated(har, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="min_replies"):
+        start_flower(_config(har["4"], "fedavg", "flower.min_replies=5"), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="flower.min_replies"):
+        load_config(None, ["flower.min_replies=0"])
+    with pytest.raises(ConfigError, match="pools all data"):
+        start_flower(_config(har["4"], "centralized"), tmp_path / "y")
+
+
+def test_cli_engine_option_errors_are_one_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from protofed.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["run", "--engine", "ray"])
+    assert bad.exit_code == 2 and "unknown --engine" in bad.output
+    out = tmp_path / "x"
+    few = runner.invoke(app, ["run", "--engine", "flower", "-s", "data.name=digits",
+                              "-s", "flower.min_replies=99", "--out", str(out)])
+    assert few.exit_code == 2 and "flower.min_replies=99" in few.output and not out.exists()
+    resume = runner.invoke(app, ["run", "--engine", "flower", "--resume", str(tmp_path)])
+    assert resume.exit_code == 2 and "no --resume" in resume.output
+
+
+# the simulation engine: one Ray session for every experiment ----------------------------------
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def session(har, tmp_path_factory) -> dict:
+    """The built-in runs, then every Flower experiment in one simulation session.
+
+    Faults (PROTOFED_FLOWER_FAULT, read by the real ClientApp in Ray's workers) hit clients
+    4 and 5 only, which exist only in the 6-client experiments: "tolerated" (3 rounds, a NaN
+    reply, a client raising, a reply missing an array) and "too_few" (min_replies=5, two
+    clients fail in round 4).
+    """
+    out = tmp_path_factory.mktemp("flower")
+    builtin = {name: Simulation(prepare(_config(har["4"], name))).run() for name in EQUIVALENT}
+    configs = {name: _config(har["4"], name) for name in EQUIVALENT}
+    configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
+    configs["too_few"] = _config(har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5",
+                                 "eval.every=4")
+    sims = {key: start_flower(cfg, out / key) for key, cfg in configs.items()}
+    handler = _Records()
+    logging.getLogger("protofed.flower").addHandler(handler)
+    os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,4:4,5:4"
+    t0 = time.perf_counter()
+    try:
+        results = run_simulations(list(sims.values()))
+    finally:
+        del os.environ["PROTOFED_FLOWER_FAULT"]
+        logging.getLogger("protofed.flower").removeHandler(handler)
+    return {"builtin": builtin, "flower": dict(zip(sims, results, strict=True)), "out": out,
+            "log": handler.messages, "seconds": time.perf_counter() - t0}
+
+
+@pytest.mark.parametrize("name", EQUIVALENT)
+def test_flower_simulation_equals_the_builtin_engine(session, name) -> None:
+    ours, ref = session["flower"][name], session["builtin"][name]
+    assert not isinstance(ours, BaseException), ours
+    assert ours["engine"] == "flower-simulation" and ours["flower"]["rejected"] == 0
+    for when in ("final", "selected"):
+        assert ours[when]["round"] == ref[when]["round"]
+        for part in ("personalization", "generalization", "global"):
+            if ref[when][part] is None:
+                assert ours[when][part] is None
+                continue
+            for key, value in ref[when][part].items():
+                assert ours[when][part][key] == pytest.approx(value, abs=1e-4), (when, part, key)
+    assert ours["comm"] == ref["comm"]  # the same bytes each way
+    run = session["out"] / name
+    assert {p.name for p in run.iterdir()} >= {"config.yaml", "partition.json", "metrics.jsonl",
+                                               "summary.json"}
+    assert json.loads((run / "summary.json").read_text())["final"] == ours["final"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_bad_replies_and_failing_clients_do_not_stop_the_round(session) -> None:
+    ours = session["flower"]["tolerated"]
+    assert not isinstance(ours, BaseException), ours
+    got = [(r["round"], r["client"]) for r in ours["flower"]["rejections"]]
+    assert got == [(1, 4), (2, 5), (3, 4)]
+    reasons = [r["reason"] for r in ours["flower"]["rejections"]]
+    assert "non-finite" in reasons[0] and "failed" in reasons[1] and "missing" in reasons[2]
+    assert all(any(f"client {c} rejected" in m for m in session["log"]) for _, c in got)
+    assert ours["rounds"] == 3
+    assert 0.3 < ours["final"]["personalization"]["acc"] <= 1  # six classes: chance ~0.17
+    # a rejected client was still sent its message; it sent nothing that counts
+    per_client = ours["comm"]["down_bytes_per_round"] / 6
+    assert ours["comm"]["up_bytes"] == pytest.approx(per_client * (3 * 6 - 3))
+
+
+def test_a_round_with_too_few_replies_stops_the_run(session) -> None:
+    result = session["flower"]["too_few"]
+    assert isinstance(result, RoundFailed) and "round 4" in str(result)
+    assert not (session["out"] / "too_few" / "summary.json").exists()
+
+
+def test_the_session_leaves_no_process_behind(session) -> None:
+    """Ray's raylet, GCS and actors were this process's descendants: all gone."""
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [(p.pid, p.name()) for p in left]
+
+
+# deployment: SuperLink + 3 SuperNodes on loopback ----------------------------------------------
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"process {proc.pid} exited with {proc.returncode}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on port {port} after {seconds} s")
+
+
+def _stop(procs: list[subprocess.Popen]) -> list[psutil.Process]:
+    """Terminate every started process and all it started, each by its PID; the survivors."""
+    tree: list[psutil.Process] = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(proc.pid)
+            tree += [root, *root.children(recursive=True)]
+    for p in reversed(tree):  # children first
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    _, alive = psutil.wait_procs(alive, timeout=10)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
+    overrides = (f"data.name=arrays data.path={har['3']} data.partition=natural seed=1 "
+                 "model.name=mlp model.hidden=[64] train.rounds=2 train.threads=1 "
+                 "eval.every=2 flower.min_replies=2")
+    cfg = load_config(None, overrides.split())
+    parts = export_partitions(cfg, tmp_path / "parts")
+    assert [load_partition(p).client for p in parts] == [0, 1, 2]
+    link, *node_ports = _free_ports(4)
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{link}"\n'
+        "insecure = true\n"
+    )
+    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = tmp_path / "run"
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def launch(args: list[str], name: str, **extra: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
+        logs.append(log)
+        proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=tmp_path, stdout=log,
+                                stderr=subprocess.STDOUT, env={**env, **extra})
+        procs.append(proc)
+        return proc
+
+    try:
+        superlink = launch(["flower-superlink", "--insecure", "--port", str(link)], "superlink")
+        _wait_for_port(link, superlink, 60)
+        for i, (port, part) in enumerate(zip(node_ports, parts, strict=True)):
+            fault = {"PROTOFED_FLOWER_FAULT": "2:2"} if i == 2 else {}  # client 2 fails in round 2
+            launch(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
+                    "--port", str(port), "--node-config", f'partition="{part}"'],
+                   f"supernode{i}", **fault)
+        run_config = f'overrides="{overrides}" out="{out}" nodes=3 wait-s=90.0'
+        submitted = subprocess.run(
+            [str(BIN / "flwr"), "run", str(REPO / "flower_app"), "loop", "--run-config", run_config],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        deadline = time.monotonic() + 600
+        while not (out / "summary.json").exists():
+            assert time.monotonic() < deadline, (tmp_path / "superlink.log").read_text()[-3000:]
+            assert all(p.poll() is None for p in procs), "a Flower process died"
+            time.sleep(1)
+        summary = json.loads((out / "summary.json").read_text())
+    finally:
+        survivors = _stop(procs)
+        for log in logs:
+            log.close()
+    assert not survivors, [(p.pid, p.name()) for p in survivors]
+    assert summary["engine"] == "flower-deployment" and summary["rounds"] == 2
+    assert [(r["round"], r["client"]) for r in summary["flower"]["rejections"]] == [(2, 2)]
+    assert "failed" in summary["flower"]["rejections"][0]["reason"]
+    final = summary["final"]
+    assert final["generalization"] is None  # needs all test data in one place
+    assert 0.3 < final["personalization"]["acc"] <= 1 and 0.3 < final["global"]["acc"] <= 1
+    partition = json.loads((out / "partition.json").read_text())
+    assert partition["deployed_clients"] == [0, 1, 2] and len(partition["clients"]) == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [2]
