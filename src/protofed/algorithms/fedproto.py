@@ -32,7 +32,7 @@ Ambiguities settled here (docs/results/pfpl.md lists them too):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -58,6 +58,7 @@ class FedProto(Algorithm):
         "Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022"
     )
     has_global_model = False
+    reply_counts: ClassVar[bool] = True  # class counts go up: eq. 6 weights the mean by them
 
     class Params(Hyperparams):
         lam: float = Field(
@@ -88,18 +89,22 @@ class FedProto(Algorithm):
         """The client's personal model: its state, or the initial weights before round 1."""
         return state if state else self.setting.init_model
 
+    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor):
+        """The client's training loss given the prototypes it received (eq. 8: CE + lam * dist)."""
+        return prototype_regularized_loss(prototypes, present, self.params.lam)
+
     def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
         num_classes = self.setting.num_classes
         client.load(self.own_model(state))
         protos, counts = unpack_prototypes(message, num_classes)
         device = client.data.train_x.device
-        loss_fn = prototype_regularized_loss(protos.to(device), (counts > 0).to(device), self.params.lam)
-        metrics = client.train_model(loss_fn=loss_fn)
+        metrics = client.train_model(loss_fn=self.local_loss(protos.to(device), (counts > 0).to(device)))
         means, class_counts = embedding_means(
             client.model, client.data.train_x, client.data.train_y, num_classes
         )
         metrics["num_examples"] = float(client.num_examples)
-        return pack_prototypes(means.cpu(), class_counts.cpu()), metrics, client.weights()
+        reply = pack_prototypes(means.cpu(), class_counts.cpu(), with_counts=self.reply_counts)
+        return reply, metrics, client.weights()
 
     def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
         num_classes = self.setting.num_classes

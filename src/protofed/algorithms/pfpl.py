@@ -39,22 +39,15 @@ docs/results/pfpl.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 
 from protofed.algorithms._prototype_losses import prototype_regularized_loss
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.prototypes import (
-    embedding_means,
-    pack_prototypes,
-    unpack_prototypes,
-    with_prototype_head,
-)
-
-if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+from protofed.algorithms.base import Arrays, Hyperparams, Reply
+from protofed.algorithms.fedproto import FedProto
+from protofed.prototypes import pack_prototypes, unpack_prototypes
 
 Weighting = Literal["inverse", "softmax", "literal"]
 
@@ -110,14 +103,18 @@ def personalized_prototypes(
     return out, present
 
 
-class PFPL(Algorithm):
+class PFPL(FedProto):
+    """FedProto's client step (own model, prototype-regularised loss, prototypes up, the
+    personal head or the nearest prototype at inference) with PFPL's server: personalized
+    prototypes per client instead of one global set."""
+
     name = "pfpl"
     summary = "Personalized prototypes from distance-weighted neighbours; only prototypes travel."
     reference = (
         "Zeng et al., Personalized federated prototype learning in mixed heterogeneous data "
         "scenarios (PFPL)"
     )
-    has_global_model = False
+    reply_counts = False  # the server weighs clients by distance, not by class counts
 
     class Params(Hyperparams):
         alpha: float = Field(
@@ -160,25 +157,10 @@ class PFPL(Algorithm):
         )
         return pack_prototypes(protos, present.to(protos.dtype), with_counts=False)
 
-    def own_model(self, state: Arrays) -> Arrays:
-        """The client's personal model: its state, or the initial weights before round 1."""
-        return state if state else self.setting.init_model
-
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        num_classes = self.setting.num_classes
-        client.load(self.own_model(state))
-        protos, counts = unpack_prototypes(message, num_classes)
-        device = client.data.train_x.device
-        loss_fn = prototype_regularized_loss(
-            protos.to(device), (counts > 0).to(device), self.params.lam, self.params.align
-        )
-        metrics = client.train_model(loss_fn=loss_fn)
-        means, class_counts = embedding_means(
-            client.model, client.data.train_x, client.data.train_y, num_classes
-        )
-        metrics["num_examples"] = float(client.num_examples)
-        reply = pack_prototypes(means.cpu(), class_counts.cpu(), with_counts=False)
-        return reply, metrics, client.weights()
+    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor):
+        """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
+        personalized prototypes."""
+        return prototype_regularized_loss(prototypes, present, self.params.lam, self.params.align)
 
     def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
         means, counts = server["means"].clone(), server["counts"].clone()
@@ -186,10 +168,3 @@ class PFPL(Algorithm):
             m, c = unpack_prototypes(reply.arrays, self.setting.num_classes)
             means[reply.client], counts[reply.client] = m, c
         return {"means": means, "counts": counts}
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        weights = self.own_model(state)
-        if self.params.inference == "head" or "proto.means" not in message:
-            return weights
-        protos, present = unpack_prototypes(message, self.setting.num_classes)
-        return with_prototype_head(weights, protos, present > 0)
