@@ -18,8 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${1:-../shared/data}"
 [[ "${1:-}" == "--tables" ]] && DATA=../shared/data
-ROUNDS="${ROUNDS:-5}"              # CIFAR-10 and CIFAR-100
-ROUNDS_MNIST="${ROUNDS_MNIST:-3}"  # MNIST: 3.5x the samples per client, 2x the cost per round
+ROUNDS="${ROUNDS:-20}"             # CIFAR-10 and CIFAR-100
+ROUNDS_MNIST="${ROUNDS_MNIST:-10}" # MNIST: 3.5x the samples per client, 2x the cost per round
 LONG="${LONG:-20}"                 # rounds of the investigation runs (part long)
 JOBS="${JOBS:-2}"
 PART="${PART:-all}"

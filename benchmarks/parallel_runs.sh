@@ -24,4 +24,4 @@ one() {
   echo "$name rc=$rc $((SECONDS - start))s"
 }
 export -f one; export OUT LIMIT PROTOFED
-grep -v -e '^\s*#' -e '^\s*$' "$JOBS" | xargs -P "$PARALLEL" -L 1 bash -c 'one "$@"' _
+grep -v -e '^\s*#' -e '^\s*$' "$JOBS" | sed 's/[[:space:]]*$//' | xargs -P "$PARALLEL" -L 1 bash -c 'one "$@"' _
