@@ -46,6 +46,7 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
+from protofed.runtime.training import LossFn
 
 if TYPE_CHECKING:
     from protofed.runtime.client import Client
@@ -89,7 +90,7 @@ class FedProto(Algorithm):
         """The client's personal model: its state, or the initial weights before round 1."""
         return state if state else self.setting.init_model
 
-    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor):
+    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """The client's training loss given the prototypes it received (eq. 8: CE + lam * dist)."""
         return prototype_regularized_loss(prototypes, present, self.params.lam)
 

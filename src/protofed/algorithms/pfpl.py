@@ -48,6 +48,7 @@ from protofed.algorithms._prototype_losses import prototype_regularized_loss
 from protofed.algorithms.base import Arrays, Hyperparams, Reply
 from protofed.algorithms.fedproto import FedProto
 from protofed.prototypes import pack_prototypes, unpack_prototypes
+from protofed.runtime.training import LossFn
 
 Weighting = Literal["inverse", "softmax", "literal"]
 
@@ -157,7 +158,7 @@ class PFPL(FedProto):
         )
         return pack_prototypes(protos, present.to(protos.dtype), with_counts=False)
 
-    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor):
+    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
         personalized prototypes."""
         return prototype_regularized_loss(prototypes, present, self.params.lam, self.params.align)
