@@ -19,6 +19,30 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def digits_clients():
+    """Two real clients from scikit-learn's digits: `make(size)` gives disjoint slices of
+    `size` samples each, split 70/10/20 into train/val/test."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    from protofed.data.federated import ClientData
+
+    X, y = load_digits(return_X_y=True)
+    x = torch.tensor(X / 16.0, dtype=torch.float32)
+    t = torch.tensor(y, dtype=torch.long)
+
+    def make(size: int) -> list[ClientData]:
+        out = []
+        for i in range(2):
+            xs, ys = x[i * size:(i + 1) * size], t[i * size:(i + 1) * size]
+            a, b = int(0.7 * len(xs)), int(0.8 * len(xs))
+            out.append(ClientData(f"c{i}", None, xs[:a], ys[:a], xs[a:b], ys[a:b], xs[b:], ys[b:]))
+        return out
+
+    return make
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """`train.threads` sets torch's process-wide thread count: give it back after each test."""

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 from pydantic import ValidationError
-from sklearn.datasets import load_digits
 from torch import nn
 
 from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
@@ -49,17 +48,9 @@ TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
 
 # fixtures and helpers ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def clients_data() -> list[ClientData]:
-    """Two real clients: disjoint slices of the digits data set, split 70/10/20."""
-    X, y = load_digits(return_X_y=True)
-    x = torch.tensor(X / 16.0, dtype=torch.float32)
-    t = torch.tensor(y, dtype=torch.long)
-    out = []
-    for i, (lo, hi) in enumerate([(0, 400), (400, 800)]):
-        xs, ys = x[lo:hi], t[lo:hi]
-        a, b = int(0.7 * len(xs)), int(0.8 * len(xs))
-        out.append(ClientData(f"c{i}", None, xs[:a], ys[:a], xs[a:b], ys[a:b], xs[b:], ys[b:]))
-    return out
+def clients_data(digits_clients) -> list[ClientData]:
+    """Two real clients: disjoint slices of 400 digits each (conftest.digits_clients)."""
+    return digits_clients(400)
 
 
 def make_model(seed: int = 0) -> FedModel:

@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 
 from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
@@ -49,17 +48,9 @@ TRAIN = TrainConfig(rounds=10, local_epochs=1, batch_size=32, lr=0.05)
 
 # fixtures and helpers ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def clients_data() -> list[ClientData]:
-    """Two real clients: disjoint slices of scikit-learn's digits, split 70/10/20."""
-    X, y = load_digits(return_X_y=True)
-    x = torch.tensor(X / 16.0, dtype=torch.float32)
-    t = torch.tensor(y, dtype=torch.long)
-    out = []
-    for i, (lo, hi) in enumerate([(0, 300), (300, 600)]):
-        xs, ys = x[lo:hi], t[lo:hi]
-        a, b = int(0.7 * len(xs)), int(0.8 * len(xs))
-        out.append(ClientData(f"c{i}", None, xs[:a], ys[:a], xs[a:b], ys[a:b], xs[b:], ys[b:]))
-    return out
+def clients_data(digits_clients) -> list[ClientData]:
+    """Two real clients: disjoint slices of 300 digits each (conftest.digits_clients)."""
+    return digits_clients(300)
 
 
 def make_model(seed: int = 0) -> FedModel:
