@@ -26,6 +26,16 @@ import math
 import torch
 
 
+def _check_arguments(scores: torch.Tensor, epsilon: float, iterations: int) -> None:
+    """The inputs every Sinkhorn form needs: epsilon > 0, iterations >= 0, scores (..., N, K)."""
+    if epsilon <= 0:
+        raise ValueError(f"sinkhorn: epsilon must be > 0, got {epsilon}")
+    if iterations < 0:
+        raise ValueError(f"sinkhorn: iterations must be >= 0, got {iterations}")
+    if scores.dim() < 2:
+        raise ValueError(f"sinkhorn: scores must be (..., N, K), got shape {tuple(scores.shape)}")
+
+
 def sinkhorn_log(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -> torch.Tensor:
     """Log of the entropic transport plan for similarity `scores` (..., N, K).
 
@@ -34,12 +44,7 @@ def sinkhorn_log(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 
     `iterations` grows). `iterations=0` gives the unbalanced Gibbs kernel normalised per row
     (a row-wise softmax of scores / epsilon, divided by N): point-to-point matching.
     """
-    if epsilon <= 0:
-        raise ValueError(f"sinkhorn: epsilon must be > 0, got {epsilon}")
-    if iterations < 0:
-        raise ValueError(f"sinkhorn: iterations must be >= 0, got {iterations}")
-    if scores.dim() < 2:
-        raise ValueError(f"sinkhorn: scores must be (..., N, K), got shape {tuple(scores.shape)}")
+    _check_arguments(scores, epsilon, iterations)
     n, k = scores.shape[-2], scores.shape[-1]
     log_n, log_k = math.log(n), math.log(k)
     log_q = scores.float() / epsilon
@@ -152,12 +157,7 @@ def sinkhorn(
     `log_domain=None` picks the direct form when `_direct_is_safe`, else the log domain;
     True / False force one (False on unsafe input is refused, not silently wrong).
     """
-    if epsilon <= 0:
-        raise ValueError(f"sinkhorn: epsilon must be > 0, got {epsilon}")
-    if iterations < 0:
-        raise ValueError(f"sinkhorn: iterations must be >= 0, got {iterations}")
-    if scores.dim() < 2:
-        raise ValueError(f"sinkhorn: scores must be (..., N, K), got shape {tuple(scores.shape)}")
+    _check_arguments(scores, epsilon, iterations)
     safe = _direct_is_safe(scores, epsilon)
     if log_domain is False and not safe:
         raise ValueError("sinkhorn: the direct form is not safe for these scores and epsilon")
