@@ -14,34 +14,40 @@ ProtoHAR keeps heads local and averages prototypes per client), so only this upd
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from protofed.algorithms._prototype_losses import prototype_regularized_loss
 from protofed.algorithms._split import body_parameters, head_parameters
-from protofed.algorithms.base import Metrics
+from protofed.algorithms.base import Arrays, Metrics
+from protofed.prototypes import unpack_prototypes
 
 if TYPE_CHECKING:
     from protofed.runtime.client import Client
 
 
+class DecoupledParams(Protocol):
+    """The hyperparameters both methods share (each declares them in its own `Params`)."""
+
+    lam: float
+    head_epochs: int
+    body_epochs: int | None
+    head_lr: float | None
+
+
 def head_then_aligned_body(
-    client: Client,
-    *,
-    prototypes: torch.Tensor,
-    present: torch.Tensor,
-    lam: float,
-    head_epochs: int,
-    body_epochs: int | None,
-    head_lr: float | None = None,
+    client: Client, message: Arrays, params: DecoupledParams, num_classes: int
 ) -> Metrics:
     """Train the workspace model's head, then its body with prototype alignment; metrics.
 
+    The global prototypes come packed in `message` (`prototypes.pack_prototypes`).
     `body_epochs=None` means `train.local_epochs`; `head_lr=None` means `train.lr`.
     """
+    prototypes, present = unpack_prototypes(message, num_classes)
     model = client.model
-    body_epochs = client.train.local_epochs if body_epochs is None else body_epochs
+    head_epochs, lam, head_lr = params.head_epochs, params.lam, params.head_lr
+    body_epochs = client.train.local_epochs if params.body_epochs is None else params.body_epochs
     metrics: Metrics = {"steps": 0.0}
     if head_epochs > 0:
         m = client.train_model(epochs=head_epochs, parameters=head_parameters(model), lr=head_lr)

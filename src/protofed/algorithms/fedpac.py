@@ -205,16 +205,7 @@ class FedPAC(Algorithm):
     def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
         client.load({k: v for k, v in message.items() if k not in PACKED and not is_head(k)})
         client.load(self._head(message, state))
-        prototypes, present = unpack_prototypes(message, self.setting.num_classes)
-        metrics = head_then_aligned_body(
-            client,
-            prototypes=prototypes,
-            present=present,
-            lam=self.params.lam,
-            head_epochs=self.params.head_epochs,
-            body_epochs=self.params.body_epochs,
-            head_lr=self.params.head_lr,
-        )
+        metrics = head_then_aligned_body(client, message, self.params, self.setting.num_classes)
         features = embed(client.model, client.data.train_x)
         means, counts, variance = feature_statistics(
             features, client.data.train_y, self.setting.num_classes
