@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 
 import pytest
 import torch
@@ -81,12 +80,7 @@ def equal(a: Arrays, b: Arrays) -> bool:
 
 # registry, hyperparameters and the shared helpers ---------------------------------------------
 def test_registered_with_paper_defaults_and_global_model_flags() -> None:
-    for name in NAMES:
-        cls = ALGORITHMS[name]
-        assert cls.summary and cls.reference and sys.modules[cls.__module__].__doc__
-        assert all(f.description for f in cls.Params.model_fields.values())
-        with pytest.raises(ConfigError, match="no_such_key"):
-            parse_algorithm_params(name, {"no_such_key": 1})
+    # the registry contract (docs, unknown keys) is test_baselines.py's, for every algorithm
     assert {n: ALGORITHMS[n].has_global_model for n in NAMES} == {
         "fedpac": False, "fednh": True, "protohar": False, "fedclar": False, "fedhome": True,
     }
