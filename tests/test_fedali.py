@@ -140,6 +140,29 @@ def test_training_aligns_to_global_prototypes_and_inference_to_local_ones() -> N
     assert torch.allclose(layer(x).reshape(-1, D), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("g", [5, 40])  # fewer prototypes than the 20 tokens, and more
+@pytest.mark.parametrize("training", [True, False])
+def test_glu_of_the_matched_prototypes_per_token_or_per_prototype_agree(g: int, training: bool) -> None:
+    """The layer runs the GLU once per prototype when G < N and gathers; that must be the
+    per-token GLU of the matched prototypes, in value and in the GLU's gradient."""
+    layer = _layer(g=g).train(training)
+    x = _tokens()
+    flat = x.reshape(-1, D)
+    if training:
+        bank = layer.global_prototypes.clone()
+        idx = layer.plan(flat, torch.cat([layer.local_prototypes, bank]))[:, g:].argmax(1)
+    else:
+        bank = layer.local_prototypes.clone()
+        idx = layer.plan(flat, bank).argmax(1)
+    beta = float(layer.beta)
+    expected = F.normalize(beta * layer.glu(bank[idx]) + (1 - beta) * flat, dim=-1)
+    (expected_grad,) = torch.autograd.grad(expected.pow(3).sum(), [layer.glu.proj.weight])
+    out = layer(x).reshape(-1, D)
+    (grad,) = torch.autograd.grad(out.pow(3).sum(), [layer.glu.proj.weight])
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.allclose(grad, expected_grad, atol=1e-4)
+
+
 def test_ablation_switches() -> None:
     x = _tokens()
     flat = x.reshape(-1, D)

@@ -169,8 +169,9 @@ class ALP(nn.Module):
         bank.mul_(self.gamma).add_((1 - self.gamma) * target.to(bank.dtype))
 
     @torch.no_grad()
-    def _matched(self, x: torch.Tensor) -> torch.Tensor:
-        """Steps 1, 2 (and 5 in training): the prototype matched to every token (..., d)."""
+    def _matched(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1, 2 (and 5 in training): the bank the tokens were matched to (G, d) and
+        every token's index into it (N,), in the order of `x.reshape(-1, d)`."""
         shape = x.shape
         local, glob = getattr(self, LOCAL), getattr(self, GLOBAL)
         g = len(local)
@@ -181,25 +182,38 @@ class ALP(nn.Module):
             # hard assignment: argmax of the global (or, without it, the local) part of the plan
             part = slice(g, 2 * g) if self.use_global else slice(0, g)
             index = (kernel[:, part] * v[part]).argmax(dim=1)
-            matched = banks[part].index_select(0, index)  # a copy: the EMA cannot alias it
+            # the local bank is about to move (EMA below): match against a copy of it
+            matched_bank = glob.detach() if self.use_global else local.detach().clone()
             local_columns = u.unsqueeze(1) * kernel[:, :g]
             self.update_local(flat, local_columns, batch_size=shape[0] if x.dim() > 2 else 1)
-            return matched.reshape(shape)
+            return matched_bank, index
         bank = local if self.local_at_inference else glob
         per_sample = self.inference == "sample" and x.dim() > 2
         tokens = x.reshape(shape[0], -1, self.dim) if per_sample else x.reshape(-1, self.dim)
         kernel, _, v = self.match(tokens, bank)
-        index = (kernel * v.unsqueeze(-2)).argmax(dim=-1)
-        return bank.index_select(0, index.reshape(-1)).reshape(shape)
+        return bank.detach(), (kernel * v.unsqueeze(-2)).argmax(dim=-1).reshape(-1)
+
+    def _aligned(self, bank: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """GLU of every token's matched prototype (N, d).
+
+        A row-wise map of rows of `bank`: when the bank has fewer rows than there are
+        tokens, the GLU runs once per prototype and the result is gathered (the same
+        numbers and gradient, G instead of N rows of work); otherwise per token.
+        """
+        if self.glu is None:
+            return bank.index_select(0, index)
+        if len(bank) < len(index):
+            return self.glu(bank).index_select(0, index)
+        return self.glu(bank.index_select(0, index))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         beta = float(self.beta)
         if beta == 0.0 and not self.training:
             return F.normalize(x, dim=-1)  # nothing to align with: skip the matching
-        matched = self._matched(x)  # no_grad: the stop-gradient below the GLU
+        bank, index = self._matched(x)  # no_grad: the stop-gradient below the GLU
         if beta == 0.0:
             return F.normalize(x, dim=-1)  # training still updates the local prototypes
-        aligned = self.glu(matched) if self.glu is not None else matched
+        aligned = self._aligned(bank, index).reshape(x.shape)
         return F.normalize(beta * aligned + (1 - beta) * x, dim=-1)
 
 
