@@ -41,3 +41,32 @@ def test_selection_rules():
     assert select_round(history, "last")["round"] == 3
     no_val = [_rec(1, float("nan"), 0.9), _rec(2, float("nan"), 0.6)]
     assert select_round(no_val, "val")["round"] == 2
+
+
+def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_scores(digits_clients):
+    """FedAvg's clients all hold the global model: its test predictions serve both the
+    personalization and the global scores, which must equal those of a separate copy."""
+    import torch
+
+    from protofed.config import ModelConfig
+    from protofed.data.federated import FederatedData
+    from protofed.evaluation import Evaluator
+    from protofed.models import build_model
+
+    clients = digits_clients(150)
+    fed = FederatedData("digits", 10, [str(i) for i in range(10)], (64,), "tabular", clients,
+                        np.zeros((2, 10), dtype=np.int64))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
+    shared = {k: v.clone() for k, v in model.state_dict().items()}
+    copy = {k: v.clone() for k, v in shared.items()}
+    evaluator = Evaluator(fed, model)
+    calls = []
+    predict = evaluator._predict
+    evaluator._predict = lambda w, x: calls.append(len(x)) or predict(w, x)
+    once = evaluator.evaluate(lambda i: shared, shared)
+    assert calls == [len(evaluator.test.y), len(evaluator.val.y)]  # test and val, once each
+    twice = evaluator.evaluate(lambda i: shared, copy)  # an equal model in other tensors
+    assert len(calls) == 5  # ... is predicted again
+    assert once["global"] == twice["global"] and once["personalization"] == twice["personalization"]
+    assert 0.0 < once["global"]["acc"] < 1.0

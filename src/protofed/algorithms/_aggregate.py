@@ -31,11 +31,13 @@ def weighted_mean(
             if wanted is not None and name not in wanted:
                 continue
             if tensor.is_floating_point():
+                # cast first: a mixed-dtype add_ takes a scalar path, ~3x slower
+                wide = tensor.detach().to(torch.float64)
                 acc = sums.get(name)
                 if acc is None:
-                    sums[name] = tensor.detach().to(torch.float64) * w
+                    sums[name] = wide.mul_(w) if wide is not tensor else wide * w
                 else:
-                    acc.add_(tensor.detach(), alpha=w)
+                    acc.add_(wide, alpha=w)
             else:
                 prev = sums.get(name)
                 sums[name] = tensor.clone() if prev is None else torch.maximum(prev, tensor)
@@ -46,7 +48,7 @@ def weighted_mean(
         raise ValueError("weighted_mean: the weights sum to zero")
     template = {}
     for name, acc in sums.items():
-        template[name] = (acc / total).to(torch.float32) if acc.is_floating_point() else acc
+        template[name] = acc.div_(total).to(torch.float32) if acc.is_floating_point() else acc
     return template, seen
 
 
