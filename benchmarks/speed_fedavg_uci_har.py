@@ -6,7 +6,7 @@ Two configurations (issue: core speed criterion):
      (2.25 M parameters), SGD lr 0.005, batch 10, 1 local epoch, 30 clients, evaluation every
      round. PFLlib: 6.7 s per round (4.4 s training, 2.2 s evaluation), 63 % after 50 rounds.
 
-Usage: python benchmarks/speed_fedavg_uci_har.py [--rounds 50] [--data-dir ../shared/data]
+Usage: python benchmarks/speed_fedavg_uci_har.py [--rounds 50] [--data-dir ../shared/data] [--seed 0]
 Writes benchmarks/out/speed_fedavg_uci_har.json (and prints it).
 """
 
@@ -38,8 +38,10 @@ COMMON = [
 ]
 
 
-def measure(name: str, overrides: list[str], rounds: int, data_dir: str) -> dict:
-    cfg = load_config(None, [*COMMON, *overrides, f"train.rounds={rounds}", f"data.dir={data_dir}"])
+def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: int = 0) -> dict:
+    cfg = load_config(
+        None, [*COMMON, *overrides, f"train.rounds={rounds}", f"data.dir={data_dir}", f"seed={seed}"]
+    )
     t0 = time.perf_counter()
     sim = Simulation(prepare(cfg))
     setup_s = time.perf_counter() - t0
@@ -56,6 +58,7 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str) -> dict
     eval_s = sum(p["eval_s"] for p in per_round) / n
     return {
         "config": name,
+        "seed": seed,
         "rounds": rounds,
         "setup_s": setup_s,
         "seconds_per_round": train_s + eval_s,
@@ -73,6 +76,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--only", choices=sorted(CONFIGS), default=None)
+    ap.add_argument("--seed", type=int, default=0, help="the config's seed (data split, init, batches)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "speed_fedavg_uci_har.json"))
     args = ap.parse_args()
     results = {
@@ -84,7 +88,7 @@ def main() -> None:
     for name, overrides in CONFIGS.items():
         if args.only and name != args.only:
             continue
-        res = measure(name, overrides, args.rounds, args.data_dir)
+        res = measure(name, overrides, args.rounds, args.data_dir, args.seed)
         results["runs"].append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "accuracy_by_round"}), flush=True)
     out = Path(args.out)
