@@ -111,6 +111,22 @@ def test_beta_zero_returns_the_normalised_input(training: bool) -> None:
     assert torch.allclose(layer(x), F.normalize(x, dim=-1), atol=1e-6)
 
 
+def test_a_new_beta_takes_effect_however_it_is_set() -> None:
+    """The layer caches beta as a number (no GPU sync per step): every way of setting the
+    buffer must still reach the next forward."""
+    layer = _layer().eval()
+    x = _tokens()
+    aligned = layer(x)
+    state = layer.state_dict()
+    state["beta"] = torch.tensor(0.0)
+    layer.load_state_dict(state)  # the algorithm's way: copied in place
+    assert torch.allclose(layer(x), F.normalize(x, dim=-1), atol=1e-6)
+    layer.beta.fill_(0.2)
+    assert torch.allclose(layer(x), aligned)
+    layer.beta = torch.tensor(0.0)  # a new buffer object
+    assert torch.allclose(layer(x), F.normalize(x, dim=-1), atol=1e-6)
+
+
 @pytest.mark.parametrize("inference", ["batch", "sample"])
 @pytest.mark.parametrize("matching", ["wasserstein", "cosine", "euclidean"])
 def test_inference_never_changes_prototypes(inference: str, matching: str) -> None:

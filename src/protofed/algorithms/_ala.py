@@ -226,7 +226,7 @@ def train_weights(
     try:
         while True:
             total = torch.zeros((), device=inputs.device)
-            for idx in batches(size, client.train.batch_size, client.generator):
+            for idx in batches(size, client.train.batch_size, client.generator, inputs.device):
                 loss = F.cross_entropy(forward(inputs[idx]), targets[idx])
                 grads = torch.autograd.grad(loss, top, allow_unused=True)
                 with torch.no_grad():

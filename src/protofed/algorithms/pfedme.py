@@ -118,7 +118,7 @@ class PFedMe(Algorithm):
         model.train()
         total, steps = 0.0, 0
         for _ in range(client.train.local_epochs):
-            for idx in batches(len(x), client.train.batch_size, client.generator):
+            for idx in batches(len(x), client.train.batch_size, client.generator, x.device):
                 total += proximal_steps(
                     model, params, local, x[idx], y[idx], lam,
                     self.params.personal_lr, self.params.inner_steps,

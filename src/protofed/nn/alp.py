@@ -39,6 +39,7 @@ Decisions the paper leaves open (also in docs/results/fedali.md):
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Literal
 
 import torch
@@ -206,8 +207,23 @@ class ALP(nn.Module):
             return self.glu(bank).index_select(0, index)
         return self.glu(bank.index_select(0, index))
 
+    def _beta(self) -> float:
+        """beta as a Python number, read from the buffer only when the buffer has changed.
+
+        Reading a CUDA scalar waits for the GPU; once per layer and step that would stall
+        the launch queue. The buffer object (a weak reference, so a freed one never passes
+        for a new one) and its in-place version counter, both host-side, tell when the
+        algorithm has set a new value.
+        """
+        buffer = getattr(self, BETA)
+        cached = getattr(self, "_beta_cache", None)
+        if cached is None or cached[0]() is not buffer or cached[1] != buffer._version:
+            cached = (weakref.ref(buffer), buffer._version, float(buffer))
+            self._beta_cache = cached
+        return cached[2]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        beta = float(self.beta)
+        beta = self._beta()
         if beta == 0.0 and not self.training:
             return F.normalize(x, dim=-1)  # nothing to align with: skip the matching
         bank, index = self._matched(x)  # no_grad: the stop-gradient below the GLU

@@ -35,9 +35,15 @@ def make_optimizer(
     )
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Index batches of one shuffled epoch."""
-    order = torch.randperm(n, generator=generator)  # on the CPU: the same on every device
+def batches(
+    n: int, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+) -> list[torch.Tensor]:
+    """Index batches of one shuffled epoch, on `device` (the data's).
+
+    The permutation is drawn on the CPU, so it is the same on every device, and moved once
+    per epoch: indexing CUDA data with a CPU index would copy (and synchronise) every step.
+    """
+    order = torch.randperm(n, generator=generator).to(device)
     return list(order.split(batch_size))
 
 
@@ -72,22 +78,22 @@ def train_epochs(
     model.train()
     for module in _frozen_norms(model, trainable):
         module.eval()  # a frozen part is a fixed function: its BatchNorm statistics stay too
-    total, steps = 0.0, 0
+    total, steps = torch.zeros((), device=x.device), 0  # summed on the device: no sync per step
     try:
         for _ in range(epochs):
-            for idx in batches(len(x), train.batch_size, generator):
+            for idx in batches(len(x), train.batch_size, generator, x.device):
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model, x[idx], y[idx])
                 loss.backward()
                 optimizer.step()
                 if after_step is not None:
                     after_step()
-                total += loss.item()
+                total += loss.detach()
                 steps += 1
     finally:
         for p in frozen:
             p.requires_grad_(True)
-    return {"loss": total / max(steps, 1), "steps": float(steps)}
+    return {"loss": total.item() / max(steps, 1), "steps": float(steps)}
 
 
 def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
