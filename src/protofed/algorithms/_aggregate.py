@@ -35,7 +35,8 @@ def weighted_mean(
                 wide = tensor.detach().to(torch.float64)
                 acc = sums.get(name)
                 if acc is None:
-                    sums[name] = wide.mul_(w) if wide is not tensor else wide * w
+                    # in place only on a fresh copy: a float64 reply's tensor is not ours
+                    sums[name] = wide.mul_(w) if tensor.dtype != torch.float64 else wide * w
                 else:
                     acc.add_(wide, alpha=w)
             else:
