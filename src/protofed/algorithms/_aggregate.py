@@ -31,14 +31,11 @@ def weighted_mean(
             if wanted is not None and name not in wanted:
                 continue
             if tensor.is_floating_point():
-                # cast first: a mixed-dtype add_ takes a scalar path, ~3x slower
-                wide = tensor.detach().to(torch.float64)
                 acc = sums.get(name)
-                if acc is None:
-                    # in place only on a fresh copy: a float64 reply's tensor is not ours
-                    sums[name] = wide.mul_(w) if tensor.dtype != torch.float64 else wide * w
-                else:
-                    acc.add_(wide, alpha=w)
+                if acc is None:  # our own float64 copy (never the reply's tensor), scaled
+                    sums[name] = tensor.detach().to(torch.float64, copy=True).mul_(w)
+                else:  # cast first: a mixed-dtype add_ takes a scalar path, ~3x slower
+                    acc.add_(tensor.detach().to(torch.float64), alpha=w)
             else:
                 prev = sums.get(name)
                 sums[name] = tensor.clone() if prev is None else torch.maximum(prev, tensor)
