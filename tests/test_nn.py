@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from protofed.nn import Linear
-from protofed.nn.linear import onednn_applies
+from protofed.nn.linear import matmul_nt, onednn_applies
 
 
 @pytest.fixture
@@ -47,3 +47,21 @@ def test_no_bias_and_frozen_weight(one_thread):
     layer(x).sum().backward()
     torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(5, 8))
     assert layer.weight.grad is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_nt_is_a_times_b_transposed(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randn(300, 192, generator=gen), torch.randn(517, 192, generator=gen)
+        torch.testing.assert_close(matmul_nt(a, b), a @ b.T, rtol=1e-5, atol=1e-4)
+        assert matmul_nt(a, b).shape == (300, 517)
+        batched = torch.randn(3, 7, 192, generator=gen)  # batched operands take torch's path
+        torch.testing.assert_close(matmul_nt(batched, b), batched @ b.T)
+        w = b.clone().requires_grad_(True)  # inside autograd: torch's path, gradient intact
+        matmul_nt(a, w).sum().backward()
+        torch.testing.assert_close(w.grad, a.sum(0).expand_as(w).contiguous(), rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)

@@ -58,6 +58,20 @@ def onednn_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T for 2-D float32 CPU operands outside autograd: oneDNN when single-threaded
+    (2.4x faster than MKL for FedAli's 4096 x 192 x 512 cosine products), else torch."""
+    if (
+        _POINTWISE is not None and a.dim() == 2 and b.dim() == 2
+        and a.device.type == "cpu" and b.device.type == "cpu"
+        and a.dtype == torch.float32 and b.dtype == torch.float32
+        and torch.get_num_threads() == 1
+        and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+    ):
+        return _POINTWISE(a.contiguous(), b.contiguous(), None, "none", [], "")
+    return a @ b.transpose(-2, -1)
+
+
 class Linear(nn.Linear):
     """Drop-in nn.Linear (same parameters, same state_dict) with the fast CPU path."""
 
