@@ -100,6 +100,21 @@ def test_bounded_cosine_kernel_gives_the_same_plan() -> None:
     assert cosine_kernel(x, p, 0.01) is None  # outside the proven range: caller goes log-domain
 
 
+def test_direct_form_holds_at_a_vit_layers_size_on_the_extreme_kernel() -> None:
+    # 4096 tokens (batch 64 x 64 patches) against 2 x 2048 prototypes, over the old 1e7-cell
+    # bound: every cosine is +1 or -1, so the kernel takes only the values 1 and e^-40
+    signs_x = torch.where(torch.arange(4096) < 3000, 1.0, -1.0)
+    signs_p = torch.where(torch.arange(4096) < 10, 1.0, -1.0)
+    x = torch.stack([signs_x, torch.zeros(4096)], dim=1)
+    p = torch.stack([signs_p, torch.zeros(4096)], dim=1)
+    kernel = cosine_kernel(x, p, 0.05)
+    assert kernel is not None  # the direct form is taken at this size
+    u, v = gibbs_scalings(kernel, 3)
+    assert torch.isfinite(u).all() and torch.isfinite(v).all() and (u > 0).all() and (v > 0).all()
+    plan = u[:, None] * kernel * v[None, :]
+    assert torch.allclose(plan, sinkhorn_log(signs_x[:, None] * signs_p[None, :], 0.05, 3).exp(), atol=1e-9, rtol=1e-4)
+
+
 def test_batched_problems_are_independent() -> None:
     scores = _cosines(3, 10, 7, seed=7)
     batched = sinkhorn(scores, 0.05, 3)
