@@ -1,6 +1,7 @@
-"""FedAli's overhead against FedAvg on the same HART backbone (FedAli's Table 3).
+"""FedAli's overhead against FedAvg on the same backbone (FedAli's Table 3).
 
-On one real UCI-HAR client (natural partition, subject of client 0): the local training time
+On one real client (default: UCI-HAR natural partition and HART, subject of client 0;
+`--config configs/fedali_cifar10_dirichlet.yaml` for the ViT on CIFAR-10): the local training time
 of one `fit` (the algorithm's own client step: `train.local_epochs` epochs of Adam, batch 64;
 FedAli's includes the ALP layers' Sinkhorn plans and EMA updates), alternated between the two
 methods `--repeats` times after one warm-up fit each (median and min reported, so load from other processes hits both
@@ -10,6 +11,7 @@ one client sends up and receives per round; and the server's K-means time for on
 of a different client, cycled), with `kmeans_iters` 300 (the default) and 10.
 
 Usage: python benchmarks/fedali_overhead.py [--data-dir ../shared/data] [--repeats 3] [--device cuda]
+       [--config configs/fedali_cifar10_dirichlet.yaml]
 Writes benchmarks/out/fedali_overhead.json (or --out; and prints it). Paper (HHAR, GPU): training time
 1.09x, memory 2.38x, communication 1.84x.
 """
@@ -38,12 +40,12 @@ def nbytes(arrays: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in arrays.values())
 
 
-def setup(name: str, data_dir: str, epochs: int, device: str):
+def setup(name: str, data_dir: str, epochs: int, device: str, config: str = CONFIG):
     overrides = [f"data.dir={data_dir}", "train.threads=1", f"train.local_epochs={epochs}",
                  f"train.device={device}"]
     if name == "fedavg":
         overrides += ["algorithm.name=fedavg", "model.alp.enabled=false"]
-    return prepare(load_config(CONFIG, overrides))
+    return prepare(load_config(config, overrides))
 
 
 def timed_fit(prep, cid: int, round: int) -> tuple[float, dict, dict, dict]:
@@ -70,10 +72,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="local epochs timed per fit")
     parser.add_argument("--kmeans-clients", type=int, default=30, help="0: skip the server step")
     parser.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
+    parser.add_argument("--config", default=CONFIG, help="a FedAli config (its backbone and data)")
     parser.add_argument("--out", default="benchmarks/out/fedali_overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    preps = {name: setup(name, args.data_dir, args.epochs, args.device) for name in ("fedavg", "fedali")}
+    preps = {name: setup(name, args.data_dir, args.epochs, args.device, args.config) for name in ("fedavg", "fedali")}
     for prep in preps.values():
         timed_fit(prep, 0, 2)  # warm-up (first-call allocations, oneDNN kernel selection)
     times: dict[str, list[float]] = {"fedavg": [], "fedali": []}
@@ -94,7 +97,7 @@ def main() -> None:
     machine = platform.processor() or platform.machine()
     if args.device.startswith("cuda"):
         machine = torch.cuda.get_device_name()
-    result: dict = {"machine": machine, "device": args.device, "threads": 1,
+    result: dict = {"config": args.config, "machine": machine, "device": args.device, "threads": 1,
                     "client_train_samples": steps, "local_epochs": args.epochs}
     for name in times:
         result[name] = {**info[name], "fit_s_median": statistics.median(times[name]),
