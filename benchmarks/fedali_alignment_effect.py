@@ -15,30 +15,37 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
-from protofed.config import load_config
+from protofed.config import build_config
 from protofed.nn.alp import alp_layers
-from protofed.runtime.simulation import prepare
+from protofed.runs import RunDir
+from protofed.runtime.client import load_weights
+from protofed.runtime.simulation import Simulation, prepare
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run", type=Path, help="a finished FedAli run directory")
+    parser.add_argument("run", help="a FedAli run directory with a checkpoint")
     parser.add_argument("--client", type=int, default=0)
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--data-dir", default="../shared/data")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    prep = prepare(load_config(str(args.run / "config.yaml"), [f"data.dir={args.data_dir}"]))
-    checkpoint = torch.load(args.run / "checkpoint.pt", weights_only=True)
-    model = prep.model
-    model.load_state_dict(checkpoint["server"], strict=False)
-    model.load_state_dict(checkpoint["clients"][str(args.client)], strict=False)
+    run = RunDir.open(args.run)
+    raw = run.config()
+    raw.setdefault("data", {})["dir"] = args.data_dir
+    sim = Simulation(prepare(build_config(raw)))
+    checkpoint = run.load_checkpoint()
+    if checkpoint is None:
+        raise SystemExit(f"{args.run}: no checkpoint")
+    sim.restore(checkpoint)
+    # the client's model as the evaluation sees it: the algorithm's own client_model rule
+    model = sim.model
+    load_weights(model, sim.client_models(sim.progress.round)(args.client))
     model.eval()
-    x = torch.as_tensor(prep.fed.clients[args.client].test_x[: args.images])
+    x = torch.as_tensor(sim.fed.clients[args.client].test_x[: args.images])
     layers = alp_layers(model)
     token_norms: dict[str, float] = {}
     hooks = [
@@ -58,7 +65,7 @@ def main() -> None:
         glu_norms = {name: float(layer.glu(layer.local_prototypes).norm(dim=-1).mean())
                      for name, layer in layers.items() if layer.glu is not None}
     result = {
-        "run": str(args.run), "client": args.client, "images": len(x),
+        "run": str(args.run), "round": sim.progress.round, "client": args.client, "images": len(x),
         "same_prediction": float((aligned.argmax(1) == plain.argmax(1)).float().mean()),
         "max_logit_change": float((aligned - plain).abs().max()),
         "max_logit": float(plain.abs().max()),
