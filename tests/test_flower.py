@@ -41,6 +41,9 @@ from protofed.flower.validation import ReplyValidator  # noqa: E402
 from protofed.runtime.parallel import fit_client  # noqa: E402
 from protofed.runtime.simulation import Simulation, prepare  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import test_golden  # noqa: E402
+
 for _key, _value in FLOWER_ENV.items():  # no telemetry, no update check, no pip installs
     os.environ.setdefault(_key, _value)
 
@@ -208,7 +211,10 @@ def session(har, tmp_path_factory) -> dict:
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
     configs["too_few"] = _config(har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5",
                                  "eval.every=4")
-    sims = {key: start_flower(cfg, out / key) for key, cfg in configs.items()}
+    golden_har = test_golden.har_slice(out / "golden_har4.npz")
+    for name in test_golden.RUNS:  # the golden runs (test_golden.py), on Flower too
+        configs[f"golden:{name}"] = test_golden.config_of(name, golden_har)
+    sims = {key: start_flower(cfg, out / key.replace(":", "_")) for key, cfg in configs.items()}
     handler = _Records()
     logging.getLogger("protofed.flower").addHandler(handler)
     os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,4:4,5:4"
@@ -241,6 +247,13 @@ def test_flower_simulation_equals_the_builtin_engine(session, name) -> None:
                                                "summary.json"}
     assert json.loads((run / "summary.json").read_text())["final"] == ours["final"]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("name", sorted(test_golden.RUNS))
+def test_flower_simulation_reproduces_the_golden_numbers(session, name) -> None:
+    ours = session["flower"][f"golden:{name}"]
+    assert not isinstance(ours, BaseException), ours
+    test_golden.assert_same(test_golden.scores(ours), test_golden.golden(name))
 
 
 def test_bad_replies_and_failing_clients_do_not_stop_the_round(session) -> None:
