@@ -23,8 +23,8 @@ import torch
 from protofed.algorithms._ala import AdaptiveLocalAggregation
 from protofed.config import build_config
 from protofed.runs import RunDir
-from protofed.runtime.client import Client
-from protofed.runtime.seeding import CLIENT_TRAIN, derive_seed, torch_generator
+from protofed.training.client import Client
+from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from protofed.runtime.simulation import Simulation, prepare
 
 

@@ -21,7 +21,7 @@ import torch
 from protofed.config import build_config
 from protofed.nn.alp import alp_layers
 from protofed.runs import RunDir
-from protofed.runtime.client import load_weights
+from protofed.training.client import load_weights
 from protofed.runtime.simulation import Simulation, prepare
 
 

@@ -29,8 +29,8 @@ import torch
 
 from protofed.algorithms import Reply
 from protofed.config import load_config
-from protofed.runtime.client import Client
-from protofed.runtime.seeding import torch_generator
+from protofed.training.client import Client
+from protofed.core.seeding import torch_generator
 from protofed.runtime.simulation import prepare
 
 CONFIG = "configs/fedali_uci_har_natural.yaml"

@@ -27,9 +27,9 @@ from sklearn.metrics import f1_score
 
 from protofed.config import build_config
 from protofed.runs import RunDir
-from protofed.runtime.client import load_weights
+from protofed.training.client import load_weights
 from protofed.runtime.simulation import Simulation, prepare
-from protofed.runtime.training import predict
+from protofed.training.loop import predict
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:

@@ -72,7 +72,7 @@ def setting_for(model: nn.Module, train: TrainConfig = TRAIN) -> Setting:
 
 
 def make_client(data: ClientData, model: FedModel, cid: int = 0, train: TrainConfig = TRAIN):
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
     gen = torch.Generator().manual_seed(1234 + cid)
     return Client(id=cid, data=data, model=model, train=train, round=1, generator=gen)
@@ -435,7 +435,7 @@ def test_frozen_batchnorm_keeps_its_statistics():
 
     from protofed.config import ModelConfig, TrainConfig
     from protofed.models import build_model
-    from protofed.runtime.training import train_epochs
+    from protofed.training.loop import train_epochs
 
     model = build_model(ModelConfig(name="resnet18"), (3, 8, 8), 4)
     before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}

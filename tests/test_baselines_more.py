@@ -30,7 +30,7 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
-from protofed.runtime.client import Client
+from protofed.training.client import Client
 from protofed.runtime.simulation import Simulation, prepare
 
 NAMES = ["moon", "fedbn", "fedrod", "fedbabu", "apfl", "perfedavg", "pfedme"]

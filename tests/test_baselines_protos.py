@@ -37,7 +37,7 @@ from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
 from protofed.prototypes import embed, pack_prototypes, unpack_prototypes
-from protofed.runtime.client import Client
+from protofed.training.client import Client
 from protofed.runtime.simulation import Simulation, prepare
 
 NAMES = ["fedpac", "fednh", "protohar", "fedclar", "fedhome"]

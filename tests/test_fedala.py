@@ -31,7 +31,7 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
-from protofed.runtime.client import Client
+from protofed.training.client import Client
 from protofed.runtime.simulation import Simulation, prepare, resume, start
 
 TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
@@ -324,7 +324,7 @@ def test_summary_and_report_say_when_ala_was_on(tmp_path):
 def test_personalization_scores_are_each_clients_own_aggregate():
     """Aggregates are built on the fly, so no two clients may pass for one model (a freed
     tensor's address is reused): every client's score is its own model's."""
-    from protofed.runtime.training import predict
+    from protofed.training.loop import predict
 
     sim = _sim("algorithm.name=fedala", "train.rounds=3", "data.num_clients=6")
     sim.run()

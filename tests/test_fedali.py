@@ -16,7 +16,7 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.nn.alp import ALP, alp_layers
-from protofed.runtime.client import Client
+from protofed.training.client import Client
 from protofed.runtime.simulation import Simulation, prepare
 
 D = 8

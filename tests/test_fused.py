@@ -9,8 +9,8 @@ import torch
 
 from protofed.config import ModelConfig, TrainConfig
 from protofed.models import build_model
-from protofed.runtime.fused import sequential_layers
-from protofed.runtime.training import train_epochs
+from protofed.training.fused import sequential_layers
+from protofed.training.loop import train_epochs
 
 
 @pytest.mark.parametrize(

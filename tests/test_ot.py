@@ -1,4 +1,4 @@
-"""Sinkhorn-Knopp (protofed.ot): marginals, agreement with references, numerical safety."""
+"""Sinkhorn-Knopp (protofed.nn.ot): marginals, agreement with references, numerical safety."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from protofed.ot import cosine_kernel, gibbs_scalings, sinkhorn, sinkhorn_log, sinkhorn_scalings
+from protofed.nn.ot import cosine_kernel, gibbs_scalings, sinkhorn, sinkhorn_log, sinkhorn_scalings
 
 
 def _cosines(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -28,9 +28,9 @@ from protofed.prototypes import (
     with_prototype_head,
 )
 from protofed.report import group_scores
-from protofed.runtime.client import Client, load_weights
+from protofed.training.client import Client, load_weights
 from protofed.runtime.simulation import start
-from protofed.runtime.training import predict
+from protofed.training.loop import predict
 
 NUM_CLASSES = 10
 TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)

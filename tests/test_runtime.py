@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from protofed.config import load_config
-from protofed.runtime.seeding import sample_clients
+from protofed.core.seeding import sample_clients
 from protofed.runtime.simulation import Simulation, prepare, resume, start
 
 BASE = [

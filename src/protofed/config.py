@@ -147,7 +147,7 @@ class TrainConfig(_Section):
     )
     checkpoint_every: int = Field(1, ge=1)
     fused: bool = Field(
-        True, description="Plain SGD without autograd where it is exactly the same (runtime/fused.py)."
+        True, description="Plain SGD without autograd where it is exactly the same (training/fused.py)."
     )
 
 

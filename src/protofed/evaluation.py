@@ -24,8 +24,8 @@ from sklearn.metrics import f1_score
 from protofed.algorithms.base import Arrays
 from protofed.data.federated import FederatedData
 from protofed.models.base import FedModel
-from protofed.runtime.client import load_weights
-from protofed.runtime.training import predict
+from protofed.training.client import load_weights
+from protofed.training.loop import predict
 
 
 def _macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:

@@ -78,13 +78,13 @@ from protofed.algorithms._aggregate import prefixed, unprefixed
 from protofed.algorithms._split import is_head
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Setting
 from protofed.errors import ConfigError
-from protofed.runtime.training import batches
+from protofed.training.loop import batches
 
 if TYPE_CHECKING:
     from collections.abc import Container
 
     from protofed.models.base import FedModel
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 ALA_KEY = "ala"  # the `algorithm.ala.*` section
 WEIGHTS = "ala.weight."  # client state: W, one tensor per top-layer parameter

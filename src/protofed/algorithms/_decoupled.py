@@ -24,7 +24,7 @@ from protofed.algorithms.base import Arrays, Metrics
 from protofed.prototypes import unpack_prototypes
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class DecoupledParams(Protocol):

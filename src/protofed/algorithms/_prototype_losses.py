@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.prototypes import class_means
-from protofed.runtime.training import LossFn
+from protofed.training.loop import LossFn
 
 
 def prototype_distance(

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from protofed.algorithms.base import Arrays
-from protofed.runtime.training import cross_entropy
+from protofed.training.loop import cross_entropy
 
 if TYPE_CHECKING:
-    from protofed.runtime.training import LossFn
+    from protofed.training.loop import LossFn
 
 
 def parameter_snapshot(model: nn.Module) -> Arrays:

@@ -45,7 +45,7 @@ from protofed.algorithms._aggregate import prefixed, unprefixed, weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 PERSONAL = "personal."  # client state: v's parameters
 BUFFERS = "personal_buffers."  # client state: v's buffers (BatchNorm statistics)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from protofed.config import TrainConfig
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 Arrays = dict[str, torch.Tensor]
 Metrics = dict[str, float]

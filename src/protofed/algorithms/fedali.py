@@ -45,7 +45,7 @@ from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
 from protofed.prototypes import kmeans
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class Params(Hyperparams):

@@ -9,7 +9,7 @@ from protofed.algorithms._aggregate import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedAvg(Algorithm):

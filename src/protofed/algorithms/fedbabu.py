@@ -38,7 +38,7 @@ from protofed.algorithms._split import body_parameters, head_parameters, split_a
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedBABU(Algorithm):

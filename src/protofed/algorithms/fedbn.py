@@ -34,7 +34,7 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 STATISTICS = "running_mean"  # the buffer that marks a BatchNorm layer
 LOCAL_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")

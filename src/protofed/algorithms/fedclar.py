@@ -46,7 +46,7 @@ from protofed.algorithms._split import head_names
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 ASSIGN = "fedclar.assign"
 GROUP = "fedclar.group."

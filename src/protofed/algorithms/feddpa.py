@@ -90,10 +90,10 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
-from protofed.runtime.seeding import SERVER, derive_seed
+from protofed.core.seeding import SERVER, derive_seed
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 PROTOTYPES = "feddpa.prototypes"  # server state: (C, D) global prototypes
 PRESENT = "feddpa.present"  # server state: (C,) 1 where a class has a global prototype

@@ -46,10 +46,10 @@ from protofed.algorithms._split import split_arrays
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 from protofed.prototypes import embed
-from protofed.runtime.training import train_epochs
+from protofed.training.loop import train_epochs
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 def smote_balance(

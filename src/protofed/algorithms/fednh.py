@@ -51,7 +51,7 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 SCALE = "fednh.scale"
 PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only

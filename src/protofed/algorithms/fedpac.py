@@ -57,7 +57,7 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 VARIANCE = "fedpac.variance"
 HEAD_OF = "fedpac.head."  # server state: fedpac.head.<client>.<head tensor name>

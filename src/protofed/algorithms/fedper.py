@@ -14,7 +14,7 @@ from protofed.algorithms._split import HeadLocalAlgorithm
 from protofed.algorithms.base import Arrays, Hyperparams, Metrics
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedPer(HeadLocalAlgorithm):

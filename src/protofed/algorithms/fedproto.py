@@ -46,10 +46,10 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
-from protofed.runtime.training import LossFn
+from protofed.training.loop import LossFn
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedProto(Algorithm):

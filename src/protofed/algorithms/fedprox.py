@@ -19,7 +19,7 @@ from protofed.algorithms._regularizers import parameter_snapshot, proximal_loss
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedProx(Algorithm):

@@ -17,7 +17,7 @@ from protofed.algorithms._split import HeadLocalAlgorithm, body_parameters, head
 from protofed.algorithms.base import Arrays, Hyperparams, Metrics
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class FedRep(HeadLocalAlgorithm):

@@ -47,8 +47,8 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
-    from protofed.runtime.training import LossFn
+    from protofed.training.client import Client
+    from protofed.training.loop import LossFn
 
 PERSONAL = "personal."  # client state: the personal head, under the model's head names
 

@@ -65,10 +65,10 @@ from torch import nn
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 from protofed.prototypes import best_kmeans, class_means, shared_class_similarity
-from protofed.runtime.seeding import SERVER, derive_seed
+from protofed.core.seeding import SERVER, derive_seed
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 MASK, PROTO, COUNT, ACC = "mask.", "proto", "count", "acc"
 CLIENT = "client."

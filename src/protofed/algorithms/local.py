@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 class Local(Algorithm):

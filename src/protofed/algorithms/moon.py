@@ -46,8 +46,8 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
-    from protofed.runtime.client import Client
-    from protofed.runtime.training import LossFn
+    from protofed.training.client import Client
+    from protofed.training.loop import LossFn
 
 
 def model_contrastive_loss(

@@ -50,10 +50,10 @@ from torch import nn
 
 from protofed.algorithms._aggregate import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.runtime.training import batches, cross_entropy, make_optimizer
+from protofed.training.loop import batches, cross_entropy, make_optimizer
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

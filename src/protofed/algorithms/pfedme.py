@@ -42,10 +42,10 @@ from torch import nn
 
 from protofed.algorithms._aggregate import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.runtime.training import batches, cross_entropy
+from protofed.training.loop import batches, cross_entropy
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 
 def proximal_steps(

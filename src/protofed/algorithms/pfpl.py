@@ -48,7 +48,7 @@ from protofed.algorithms._prototype_losses import prototype_regularized_loss
 from protofed.algorithms.base import Arrays, Hyperparams, Reply
 from protofed.algorithms.fedproto import FedProto
 from protofed.prototypes import pack_prototypes, unpack_prototypes
-from protofed.runtime.training import LossFn
+from protofed.training.loop import LossFn
 
 Weighting = Literal["inverse", "softmax", "literal"]
 

@@ -45,7 +45,7 @@ from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Re
 from protofed.prototypes import embedding_means, merge_means, pack_prototypes, unpack_prototypes
 
 if TYPE_CHECKING:
-    from protofed.runtime.client import Client
+    from protofed.training.client import Client
 
 PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
 

@@ -47,7 +47,7 @@ from protofed.evaluation import class_counts
 from protofed.flower import wire
 from protofed.flower.partitions import Partition, federation_header, load_partition
 from protofed.models.base import FedModel
-from protofed.runtime.client import load_weights
+from protofed.training.client import load_weights
 from protofed.runtime.dynamic import client_data
 from protofed.runtime.parallel import fit_message
 from protofed.runtime.simulation import (
@@ -57,7 +57,7 @@ from protofed.runtime.simulation import (
     prepare,
     resolve_device,
 )
-from protofed.runtime.training import predict
+from protofed.training.loop import predict
 
 PARTITION_KEY, PARTITION_ID_KEY = "partition", "partition-id"
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.nn.linear import Linear
-from protofed.ot import (
+from protofed.nn.ot import (
     cosine_kernel,
     direct_is_safe,
     gibbs_scalings,

@@ -7,7 +7,7 @@ engine's `fit` and the evaluation the round's view of a client's data (`client_d
 algorithm runs on the scenario unchanged.
 
 Decisions: the chosen clients and each one's withheld classes (in the order they return)
-come from the config's seed (`runtime/seeding.py`, stream DYNAMIC_DATA): the clients from one
+come from the config's seed (`core/seeding.py`, stream DYNAMIC_DATA): the clients from one
 stream (among the clients with at least two classes), each client's classes from its own, so
 changing the fraction never changes a client's classes. A client never loses all its classes:
 one class with both train and test samples is kept. The k-th withheld class (k = 1, 2, ...) is back from round k * every on, in train, val
@@ -24,7 +24,7 @@ import torch
 
 from protofed.config import DynamicConfig
 from protofed.data.federated import SPLITS, ClientData, FederatedData
-from protofed.runtime.seeding import DYNAMIC_DATA
+from protofed.core.seeding import DYNAMIC_DATA
 
 
 @dataclass(frozen=True)

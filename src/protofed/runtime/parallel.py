@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 
-from protofed.runtime.client import Client
+from protofed.training.client import Client
 from protofed.runtime.dynamic import client_data
-from protofed.runtime.seeding import CLIENT_TRAIN, derive_seed, torch_generator
+from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 
 if TYPE_CHECKING:
     from protofed.algorithms.base import Algorithm, Arrays, Metrics

@@ -27,7 +27,7 @@ from protofed.models.base import FedModel
 from protofed.runs import RunDir, strict_json
 from protofed.runtime.dynamic import DynamicClasses
 from protofed.runtime.parallel import WorkerPool, fit_client, nbytes
-from protofed.runtime.seeding import MODEL_INIT, derive_seed, sample_clients
+from protofed.core.seeding import MODEL_INIT, derive_seed, sample_clients
 
 
 def _clone(arrays: Arrays) -> Arrays:

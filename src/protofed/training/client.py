@@ -10,7 +10,7 @@ from protofed.algorithms.base import Arrays
 from protofed.config import TrainConfig
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
-from protofed.runtime.training import LossFn, cross_entropy, train_epochs
+from protofed.training.loop import LossFn, cross_entropy, train_epochs
 
 
 def load_weights(model: FedModel, arrays: Arrays) -> None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.config import TrainConfig
-from protofed.runtime.fused import _Kernels, sequential_layers, sgd_step
+from protofed.training.fused import _Kernels, sequential_layers, sgd_step
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -106,7 +106,7 @@ def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
 
 
 def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.Module] | None:
-    """The model's layers if plain SGD can run without autograd (see runtime/fused.py)."""
+    """The model's layers if plain SGD can run without autograd (see training/fused.py)."""
     if not (
         train.fused and train.optimizer == "sgd" and train.momentum == 0
         and train.weight_decay == 0 and loss_fn is cross_entropy and parameters is None
