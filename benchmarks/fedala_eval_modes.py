@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from protofed.algorithms._ala import AdaptiveLocalAggregation
+from protofed.algorithms.common.ala import AdaptiveLocalAggregation
 from protofed.config import build_config
 from protofed.runs import RunDir
 from protofed.training.client import Client

@@ -60,7 +60,7 @@ def ala_weights_per_p(dataset: str) -> list[tuple[int, list[str], int]]:
     """(p, layers, number of trained ALA weights) for `pflcnn` on `dataset`'s input shape."""
     import torch
 
-    from protofed.algorithms._ala import ala_parameters, top_layers
+    from protofed.algorithms.common.ala import ala_parameters, top_layers
     from protofed.config import ModelConfig
     from protofed.models import build_model
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms._regularizers import parameter_snapshot, proximal_loss, squared_distance
-from protofed.algorithms._split import (
+from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss, squared_distance
+from protofed.algorithms.common.split import (
     body_names,
     body_parameters,
     head_names,
@@ -451,7 +451,7 @@ def test_frozen_batchnorm_keeps_its_statistics():
 
 def test_weighted_mean_never_writes_into_a_reply():
     """The running sum is float64: a float64 reply must be copied, not scaled in place."""
-    from protofed.algorithms._aggregate import weighted_mean
+    from protofed.algorithms.common.aggregation import weighted_mean
     from protofed.algorithms.base import Reply
 
     for dtype in (torch.float32, torch.float64):

@@ -16,8 +16,8 @@ from torch.func import functional_call
 
 from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms._ala import OWN, AdaptiveLocalAggregation
-from protofed.algorithms._split import body_names, split_arrays
+from protofed.algorithms.common.ala import OWN, AdaptiveLocalAggregation
+from protofed.algorithms.common.split import body_names, split_arrays
 from protofed.algorithms.apfl import APFL
 from protofed.algorithms.fedbabu import FedBABU
 from protofed.algorithms.fedbn import FedBN, batchnorm_names

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms._aggregate import split_off
-from protofed.algorithms._split import body_names, head_names, split_arrays
+from protofed.algorithms.common.aggregation import split_off
+from protofed.algorithms.common.split import body_names, head_names, split_arrays
 from protofed.algorithms.fedclar import FedCLAR, cosine_distances, threshold_clusters
 from protofed.algorithms.fedhome import FedHome, smote_balance
 from protofed.algorithms.fednh import (

@@ -15,8 +15,8 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from protofed.algorithms import ALGORITHMS, _ala, parse_params
-from protofed.algorithms._aggregate import unprefixed
-from protofed.algorithms._ala import (
+from protofed.algorithms.common.aggregation import unprefixed
+from protofed.algorithms.common.ala import (
     LOCAL,
     WEIGHTS,
     AdaptiveLocalAggregation,

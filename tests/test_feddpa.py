@@ -9,7 +9,7 @@ import torch
 
 from protofed.algorithms import ALGORITHMS, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms._prototype_losses import class_mean_distance, prototype_distance
+from protofed.algorithms.common.prototype_losses import class_mean_distance, prototype_distance
 from protofed.algorithms.feddpa import (
     PRESENT,
     PROTOTYPES,

@@ -11,7 +11,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from protofed.algorithms import Reply, Setting, build_algorithm
-from protofed.algorithms._prototype_losses import class_mean_distance, prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import class_mean_distance, prototype_regularized_loss
 from protofed.algorithms.fedproto import FedProto
 from protofed.algorithms.pfpl import PFPL, neighbour_weights, personalized_prototypes
 from protofed.config import DataConfig, ModelConfig, TrainConfig, build_config

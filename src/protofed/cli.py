@@ -176,7 +176,7 @@ def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `proto
     For an algorithm that takes the ALA plug-in, its `ala.*` keys too.
     """
     from protofed.algorithms import algorithm_class
-    from protofed.algorithms._ala import ALA_KEY, AlaParams, supports_ala
+    from protofed.algorithms.common.ala import ALA_KEY, AlaParams, supports_ala
 
     try:
         cls = algorithm_class(name)

@@ -18,7 +18,7 @@ import pkgutil
 
 from pydantic import ValidationError
 
-from protofed.algorithms._ala import (
+from protofed.algorithms.common.ala import (
     ALA_KEY,
     AdaptiveLocalAggregation,
     AlaParams,
@@ -31,7 +31,7 @@ from protofed.errors import ConfigError
 __all__ = ["Algorithm", "Arrays", "Hyperparams", "Metrics", "Reply", "Setting", "ALGORITHMS", "build_algorithm"]
 
 _MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "base"
+    m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg and not m.name.startswith("_") and m.name != "base"
 )
 
 

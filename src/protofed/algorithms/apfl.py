@@ -41,7 +41,7 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from protofed.algorithms._aggregate import prefixed, unprefixed, weighted_mean
+from protofed.algorithms.common.aggregation import prefixed, unprefixed, weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:

@@ -76,7 +76,7 @@ class Algorithm:
     has_global_model: ClassVar[bool] = True
     pools_data: ClassVar[bool] = False  # True: the runtime trains one client on all data
     # Which model is a client's "local" one, for the ALA plug-in (`algorithm.ala.*`, see
-    # algorithms/_ala.py): "reply" (what the client trained and sent back last time),
+    # algorithms/common/ala.py): "reply" (what the client trained and sent back last time),
     # "state" (the client state `fit` returns), or None (ALA does not apply).
     ala_local: ClassVar[Literal["reply", "state"] | None] = None
 

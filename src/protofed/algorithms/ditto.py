@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from protofed.algorithms._aggregate import weighted_mean
-from protofed.algorithms._regularizers import parameter_snapshot, proximal_loss
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:

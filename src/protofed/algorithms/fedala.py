@@ -19,7 +19,7 @@ numbers as `fedavg` with `algorithm.ala.enabled=true`; the plug-in brings ALA to
 
 from __future__ import annotations
 
-from protofed.algorithms._ala import AdaptiveLocalAggregation, AlaSettings
+from protofed.algorithms.common.ala import AdaptiveLocalAggregation, AlaSettings
 from protofed.algorithms.base import Setting
 from protofed.algorithms.fedavg import FedAvg
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from protofed.algorithms._aggregate import split_off, weighted_mean
+from protofed.algorithms.common.aggregation import split_off, weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL

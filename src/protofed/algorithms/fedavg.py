@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Metrics, Reply
 
 if TYPE_CHECKING:

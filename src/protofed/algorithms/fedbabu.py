@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from protofed.algorithms._aggregate import weighted_mean
-from protofed.algorithms._split import body_parameters, head_parameters, split_arrays
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 

@@ -78,8 +78,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import Field
 
-from protofed.algorithms._aggregate import weighted_mean
-from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import (
     best_kmeans,

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from protofed.algorithms._aggregate import weighted_mean
-from protofed.algorithms._split import split_arrays
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.split import split_arrays
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 from protofed.prototypes import embed

@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms._aggregate import split_off, weighted_mean
-from protofed.algorithms._split import body_parameters
+from protofed.algorithms.common.aggregation import split_off, weighted_mean
+from protofed.algorithms.common.split import body_parameters
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
 

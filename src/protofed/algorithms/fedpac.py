@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from protofed.algorithms._aggregate import split_off, weighted_mean
-from protofed.algorithms._decoupled import head_then_aligned_body
-from protofed.algorithms._split import head_names, is_head, split_arrays
+from protofed.algorithms.common.aggregation import split_off, weighted_mean
+from protofed.algorithms.common.decoupled import head_then_aligned_body
+from protofed.algorithms.common.split import head_names, is_head, split_arrays
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
 

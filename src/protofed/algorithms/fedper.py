@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from protofed.algorithms._split import HeadLocalAlgorithm
+from protofed.algorithms.common.split import HeadLocalAlgorithm
 from protofed.algorithms.base import Arrays, Hyperparams, Metrics
 
 if TYPE_CHECKING:

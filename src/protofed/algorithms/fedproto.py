@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 from pydantic import Field
 
-from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import (
     embedding_means,

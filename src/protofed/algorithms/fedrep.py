@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from protofed.algorithms._split import HeadLocalAlgorithm, body_parameters, head_parameters
+from protofed.algorithms.common.split import HeadLocalAlgorithm, body_parameters, head_parameters
 from protofed.algorithms.base import Arrays, Hyperparams, Metrics
 
 if TYPE_CHECKING:

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.algorithms._aggregate import prefixed, unprefixed, weighted_mean
-from protofed.algorithms._split import head_names
+from protofed.algorithms.common.aggregation import prefixed, unprefixed, weighted_mean
+from protofed.algorithms.common.split import head_names
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 

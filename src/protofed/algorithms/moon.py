@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.training.loop import batches, cross_entropy
 

@@ -44,7 +44,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from protofed.algorithms._prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.algorithms.base import Arrays, Hyperparams, Reply
 from protofed.algorithms.fedproto import FedProto
 from protofed.prototypes import pack_prototypes, unpack_prototypes

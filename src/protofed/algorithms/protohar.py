@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from protofed.algorithms._aggregate import split_off, weighted_mean
-from protofed.algorithms._decoupled import head_then_aligned_body
-from protofed.algorithms._split import split_arrays
+from protofed.algorithms.common.aggregation import split_off, weighted_mean
+from protofed.algorithms.common.decoupled import head_then_aligned_body
+from protofed.algorithms.common.split import split_arrays
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import embedding_means, merge_means, pack_prototypes, unpack_prototypes
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from protofed.algorithms._prototype_losses import prototype_regularized_loss
-from protofed.algorithms._split import body_parameters, head_parameters
+from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.split import body_parameters, head_parameters
 from protofed.algorithms.base import Arrays, Metrics
 from protofed.prototypes import unpack_prototypes
 

@@ -74,8 +74,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms._aggregate import prefixed, unprefixed
-from protofed.algorithms._split import is_head
+from protofed.algorithms.common.aggregation import prefixed, unprefixed
+from protofed.algorithms.common.split import is_head
 from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Setting
 from protofed.errors import ConfigError
 from protofed.training.loop import batches

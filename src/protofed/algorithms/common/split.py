@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from protofed.algorithms._aggregate import weighted_mean
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.base import Algorithm, Arrays, Reply
 
 if TYPE_CHECKING:

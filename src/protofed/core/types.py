@@ -1,0 +1,104 @@
+"""The types every layer shares: what crosses between server and clients, and what comes back.
+
+A message, a reply, a client's state and the server's state are all `Records`: named
+records, each a flat mapping of names to tensors (`Arrays`). A record has one meaning
+(`"model"`: weights named as in the model's `state_dict`; `"protos"`: a prototype table;
+...), so no method parses key prefixes, and a message maps one to one onto Flower's
+`RecordDict` of `ArrayRecord`s (`protofed.flower.wire`). Scalars that describe a reply
+travel as `Metrics`.
+
+This module depends on nothing else of protofed: algorithms and engines both build on it,
+never on each other's internals (the layers are checked by import-linter, see
+docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from protofed.config import TrainConfig
+    from protofed.data.federated import ClientData
+
+Arrays = dict[str, torch.Tensor]
+"""One record: names to tensors (a model's weights, a prototype table, a few scalars)."""
+
+Records = dict[str, Arrays]
+"""A message, a reply or a state: record names to records (e.g. `{"model": ..., "protos": ...}`)."""
+
+Metrics = dict[str, float]
+"""Scalar metrics: a reply's (loss, steps) or the server's own after aggregating."""
+
+MODEL = "model"
+"""The record that holds model weights, in messages, replies and states alike."""
+
+
+@dataclass
+class Reply:
+    """One client's answer in a round, as the server's `aggregate` receives it.
+
+    `num_examples` is stamped by the engine (the client's training-set size), never by the
+    algorithm: it is the usual aggregation weight.
+    """
+
+    client: int
+    records: Records
+    metrics: Metrics = field(default_factory=dict)
+    num_examples: float = 1.0
+
+
+@dataclass
+class FitResult:
+    """What a client's `fit` returns: the reply it sends, its metrics, the state it keeps."""
+
+    reply: Records
+    metrics: Metrics = field(default_factory=dict)
+    state: Records = field(default_factory=dict)
+
+
+@dataclass
+class AggregateResult:
+    """What the server's `aggregate` returns: its new state and its own named metrics.
+
+    The metrics reach `metrics.jsonl` (key `server`) and the reports.
+    """
+
+    server: Records
+    metrics: Metrics = field(default_factory=dict)
+
+
+class Client(Protocol):
+    """What a client's side of an algorithm is handed in `fit` (see protofed.training.Client).
+
+    `model` is a workspace: `fit` loads what it needs into it. `generator` is seeded from
+    (seed, round, client), so results do not depend on which clients ran before.
+    """
+
+    id: int
+    data: ClientData
+    model: torch.nn.Module
+    train: TrainConfig
+    server_round: int
+    generator: torch.Generator
+
+    @property
+    def num_examples(self) -> int: ...
+
+    def load(self, arrays: Arrays) -> None: ...
+
+    def weights(self) -> Arrays: ...
+
+    def train_model(self, **kwargs) -> Metrics: ...
+
+
+def nbytes(records: Records) -> int:
+    """Bytes on the wire for a message or reply: the tensors' payload."""
+    return sum(t.numel() * t.element_size() for arrays in records.values() for t in arrays.values())
+
+
+def clone(arrays: Arrays) -> Arrays:
+    """A detached copy of every tensor."""
+    return {k: v.detach().clone() for k, v in arrays.items()}
