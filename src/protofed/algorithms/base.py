@@ -1,58 +1,58 @@
-"""The algorithm interface: four small questions, answered with flat mappings of arrays.
+"""The algorithm interface: four small questions, answered with named records of arrays.
 
 An algorithm answers:
 1. What does the server keep?  `init_server` builds the server state.
 2. What does the server send to client i this round?  `configure` (it may differ per client).
 3. What does client i do with it, and what does it send back?  `fit`, given the message and
-   the client's own state from earlier rounds; it returns the reply and the new client state.
-4. How does the server combine the replies?  `aggregate`.
-Plus the models it is evaluated with: `client_model` (the client's personalized model, built
-on the client side from the message and its state) and `global_model` (None if there is none).
+   the client's own state from earlier rounds; it returns a `FitResult` (reply, metrics, the
+   state the client keeps).
+4. How does the server combine the replies?  `aggregate`, returning an `AggregateResult`
+   (the new server state and the server's own metrics).
+Plus the models it is evaluated with: `client_model` (the client's personalized weights,
+built on the client side from the message and its state) and `global_model` (None if there
+is none).
 
-Messages, replies and states are `Arrays`: flat dicts of names to tensors (plus scalar
-metrics on replies). That is all that ever crosses between server and client, so the same
-code runs in the built-in simulation and over Flower. The runtime, not the algorithm, owns
-per-client state, client sampling, randomness, byte counting and timing; an algorithm holds
-no mutable attributes between calls.
+The base class holds the defaults, so a method overrides only what differs from FedAvg: the
+server keeps and sends `{"model": weights}`, and `aggregate` is the example-weighted mean of
+every record the replies carry. The engine, not the algorithm, owns per-client state, client
+sampling, randomness, `num_examples`, byte counting and timing; an algorithm holds no mutable
+attributes between calls.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict
+
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.core.types import (
+    MODEL,
+    AggregateResult,
+    Arrays,
+    Client,
+    FitResult,
+    Metrics,
+    Records,
+    Reply,
+)
 
 if TYPE_CHECKING:
     from protofed.config import TrainConfig
-    from protofed.training.client import Client
 
-Arrays = dict[str, torch.Tensor]
-Metrics = dict[str, float]
+__all__ = [
+    "MODEL", "AggregateResult", "Algorithm", "Arrays", "Client", "FitResult", "Hyperparams",
+    "Metrics", "Records", "Reply", "Setting",
+]
 
 
 class Hyperparams(BaseModel):
     """Base of every algorithm's typed hyperparameters: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass
-class Reply:
-    """One client's answer to the server: its arrays plus scalar metrics.
-
-    `metrics["num_examples"]` is the client's training-set size, the usual aggregation weight.
-    """
-
-    client: int
-    arrays: Arrays
-    metrics: Metrics
-
-    @property
-    def num_examples(self) -> float:
-        return float(self.metrics.get("num_examples", 1.0))
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class Setting:
     seed: int = 0  # the config's seed: server-side randomness (clustering) derives from it
 
 
-class Algorithm:
-    """Base class. Subclasses set the class attributes and override the four questions."""
+class Algorithm(ABC):
+    """Base class: set the class attributes, implement `fit`, override what differs."""
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for `protofed list`
@@ -85,33 +85,39 @@ class Algorithm:
         self.setting = setting
 
     # 1. server state ------------------------------------------------------------------
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         """The server's state before round 1 (by default: the initial model)."""
-        return dict(self.setting.init_model)
+        return {MODEL: dict(self.setting.init_model)}
 
     # 2. what goes down ------------------------------------------------------------------
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        """The message for `client` this round (by default: the global model)."""
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        """The message for `client` this round (by default: the server's state)."""
         return server
 
     # 3. what the client does ------------------------------------------------------------
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        """Train on the client's data; return (reply arrays, metrics, new client state)."""
-        raise NotImplementedError
+    @abstractmethod
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        """Train on the client's data: the reply, its metrics and the state the client keeps."""
 
     # 4. what the server does with the replies -------------------------------------------
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        """The new server state. `replies` may be a lazy stream: iterate it once."""
-        raise NotImplementedError
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        """The new server state (by default: the example-weighted mean of every record).
+
+        `replies` may be a lazy stream: iterate it once.
+        """
+        mean, _ = weighted_mean(replies)
+        return AggregateResult(mean)
 
     # evaluation -------------------------------------------------------------------------
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        """The client's personalized model weights (by default: what the server sent)."""
-        return message
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        """The client's personalized model weights (by default: the model it was sent)."""
+        return message[MODEL]
 
-    def global_model(self, server: Arrays) -> Arrays | None:
+    def global_model(self, server: Records) -> Arrays | None:
         """The server's model weights, or None for methods without one."""
-        return server if self.has_global_model else None
+        return server[MODEL] if self.has_global_model else None
 
     # plumbing ---------------------------------------------------------------------------
     @classmethod

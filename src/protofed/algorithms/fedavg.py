@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Metrics, Reply
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+from protofed.algorithms.base import MODEL, Algorithm, Client, FitResult, Records
 
 
 class FedAvg(Algorithm):
@@ -18,12 +11,7 @@ class FedAvg(Algorithm):
     reference = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
     ala_local = "reply"  # ALA plug-in: the local model is the one the client trained last
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
-        return client.weights(), metrics, {}
-
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
+        return FitResult({MODEL: client.weights()}, metrics)

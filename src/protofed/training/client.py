@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protofed.algorithms.base import Arrays
+from protofed.core.types import Arrays, Metrics
 from protofed.config import TrainConfig
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
@@ -31,7 +31,7 @@ def model_weights(model: FedModel) -> Arrays:
 
 @dataclass
 class Client:
-    """One client in one round, as the algorithm's `fit` sees it.
+    """One client in one round, as the algorithm's `fit` sees it (`protofed.core.Client`).
 
     `model` is a workspace shared by all clients of a worker: `fit` loads the weights it needs
     into it, so nothing of another client survives in it. `generator` is seeded from
@@ -42,7 +42,7 @@ class Client:
     data: ClientData
     model: FedModel
     train: TrainConfig
-    round: int
+    server_round: int
     generator: torch.Generator
 
     @property
@@ -63,7 +63,7 @@ class Client:
         parameters=None,
         lr: float | None = None,
         after_step=None,
-    ) -> dict[str, float]:
+    ) -> Metrics:
         """Train the workspace model on this client's training split."""
         return train_epochs(
             self.model,
