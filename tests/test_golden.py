@@ -88,9 +88,9 @@ def golden(name: str) -> dict:
 
 
 def run_builtin(cfg) -> dict:
-    from protofed.runtime.simulation import Simulation, prepare
+    from protofed.runtime import prepare, simulate
 
-    return Simulation(prepare(cfg)).run()
+    return simulate(prepare(cfg)).run()
 
 
 @pytest.fixture(scope="module")

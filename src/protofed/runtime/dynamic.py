@@ -56,17 +56,17 @@ class DynamicClasses:
             withheld[i] = tuple(int(k) for k in candidates[: cfg.classes])
         return cls(every=cfg.every, withheld=withheld)
 
-    def stage(self, round: int) -> int:
+    def stage(self, server_round: int) -> int:
         """How many withheld classes each client has got back by `round` (1-based)."""
-        return round // self.every
+        return server_round // self.every
 
-    def hidden(self, client: int, round: int) -> tuple[int, ...]:
+    def hidden(self, client: int, server_round: int) -> tuple[int, ...]:
         """The classes `client` still lacks in `round`."""
-        return self.withheld.get(client, ())[self.stage(round) :]
+        return self.withheld.get(client, ())[self.stage(server_round) :]
 
-    def view(self, data: ClientData, client: int, round: int) -> ClientData:
+    def view(self, data: ClientData, client: int, server_round: int) -> ClientData:
         """`data` without the classes `client` lacks in `round` (the same object if none)."""
-        hidden = self.hidden(client, round)
+        hidden = self.hidden(client, server_round)
         if not hidden:
             return data
         out = {}
@@ -76,9 +76,9 @@ class DynamicClasses:
             out[f"{split}_x"], out[f"{split}_y"] = x[keep], y[keep]
         return replace(data, **out)
 
-    def federated(self, fed: FederatedData, round: int) -> FederatedData:
+    def federated(self, fed: FederatedData, server_round: int) -> FederatedData:
         """Every client's view in `round` (what the evaluation of that round scores)."""
-        return replace(fed, clients=[self.view(c, i, round) for i, c in enumerate(fed.clients)])
+        return replace(fed, clients=[self.view(c, i, server_round) for i, c in enumerate(fed.clients)])
 
     def describe(self) -> dict:
         """JSON-able schedule for the run directory."""
@@ -86,8 +86,8 @@ class DynamicClasses:
 
 
 def client_data(
-    fed: FederatedData, dynamic: DynamicClasses | None, client: int, round: int
+    fed: FederatedData, dynamic: DynamicClasses | None, client: int, server_round: int
 ) -> ClientData:
     """Client `client`'s data in `round`: the one function every engine calls."""
     data = fed.clients[client]
-    return data if dynamic is None else dynamic.view(data, client, round)
+    return data if dynamic is None else dynamic.view(data, client, server_round)

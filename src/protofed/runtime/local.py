@@ -1,0 +1,112 @@
+"""The in-process transport: clients trained in this process or in its worker pool.
+
+A transport is how a round's messages reach the clients and their replies come back
+(`runtime.loop.Transport`). This one trains the clients itself, so it owns their states:
+they live in `states`, and the round loop checkpoints them. Clients are trained lazily, as
+the aggregation consumes the replies, so a weighted mean over 1,000 clients never holds
+1,000 models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from protofed.algorithms import Algorithm
+from protofed.config import ExperimentConfig
+from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
+from protofed.core.types import Arrays, FitResult, Records, Reply, nbytes
+from protofed.data.federated import ClientData
+from protofed.models.base import FedModel
+from protofed.runtime.parallel import WorkerPool
+from protofed.runtime.prepare import Prepared
+from protofed.training.client import Client
+
+
+def run_fit(
+    algorithm: Algorithm, model: FedModel, cfg: ExperimentConfig, data: ClientData,
+    message: Records, client: int, server_round: int, state: Records,
+) -> FitResult:
+    """The client's side of a round once the message is there: seed, then `fit`.
+
+    Shared by every engine (the Flower ClientApp too), so a client draws the same batches
+    and dropout masks wherever it runs (streams keyed by seed, round and client).
+    """
+    seed = cfg.seed
+    torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, server_round, client + 1, 1))  # dropout
+    context = Client(
+        id=client,
+        data=data,
+        model=model,
+        train=cfg.train,
+        server_round=server_round,
+        generator=torch_generator(seed, CLIENT_TRAIN, server_round, client + 1),
+    )
+    return algorithm.fit(context, message, state)
+
+
+def fit_client(
+    prepared: Prepared, server: Records, client: int, server_round: int, state: Records
+) -> FitResult:
+    """One client's part of a round in this process: configure, then `run_fit`."""
+    return fit_and_count(prepared, server, client, server_round, state)[0]
+
+
+def fit_and_count(
+    prepared: Prepared, server: Records, client: int, server_round: int, state: Records
+) -> tuple[FitResult, int]:
+    """`fit_client`, and the bytes of the message the client was sent."""
+    message = prepared.algorithm.configure(server, client, server_round)
+    data = prepared.client_data(client, server_round)
+    result = run_fit(prepared.algorithm, prepared.model, prepared.cfg, data, message, client,
+                     server_round, state)
+    return result, nbytes(message)
+
+
+class InProcessTransport:
+    """Trains the sampled clients here, serially or in `workers` forked processes."""
+
+    name = "builtin"
+
+    def __init__(self, prepared: Prepared, workers: int = 1) -> None:
+        self.prepared = prepared
+        self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
+        parallel = workers > 1 and prepared.pooled is None and prepared.cfg.train.device == "cpu"
+        self.pool = WorkerPool(prepared, workers) if parallel else None
+
+    def state_of(self, client: int) -> Records:
+        return self.states.get(client, {})
+
+    def fit(self, server: Records, server_round: int, clients: list[int]
+            ) -> Iterator[tuple[Reply, int]]:
+        """Each sampled client's reply and the bytes sent to it, lazily, in sampling order."""
+        p = self.prepared
+        tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]
+        if self.pool is not None:
+            results = self.pool.map(fit_and_count, tasks)
+        else:
+            results = (fit_and_count(p, *task) for task in tasks)
+        for cid, (result, down) in zip(clients, results, strict=True):
+            if result.state:
+                self.states[cid] = result.state
+            else:
+                self.states.pop(cid, None)
+            examples = len(p.client_data(cid, server_round).train_y)
+            yield Reply(cid, result.reply, result.metrics, float(examples)), down
+
+    def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]:
+        """Client i's personalized weights after `server_round`, built here from its state."""
+        algorithm = self.prepared.algorithm
+
+        def client_model(i: int) -> Arrays:
+            return algorithm.client_model(
+                algorithm.configure(server, i, server_round + 1), self.state_of(i)
+            )
+
+        return client_model
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None

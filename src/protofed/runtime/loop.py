@@ -1,0 +1,269 @@
+"""The round loop: one loop for every engine, composed from a transport and an evaluation.
+
+Per round: sample clients (a fixed stream per round), hand the server state to the
+transport, which configures each client's message, obtains the replies (training here, in
+worker processes, or over Flower) and yields them lazily; `aggregate` consumes them and
+returns the new server state and its own metrics; every `eval.every` rounds the evaluation
+mode scores the models; a record goes to `metrics.jsonl`; and, where the transport keeps the
+client states in this process, a checkpoint is written. The loop owns sampling, byte counts,
+timing, the history and the summary; the transport owns where clients run and their states.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from protofed.core.seeding import sample_clients
+from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
+from protofed.evaluation import select_round
+from protofed.runs import RunDir, strict_json
+from protofed.runtime.prepare import POOLED, Prepared
+
+OnRound = Callable[[int, dict, "dict | None"], None]
+"""Called after every round with (round, the round's info, its metrics record or None)."""
+
+
+class Transport(Protocol):
+    """How a round's messages reach the clients and their replies come back."""
+
+    name: str  # the engine's name in the summary
+    states: dict[int, Records] | None  # client states kept here (checkpointed), or None
+
+    def fit(self, server: Records, server_round: int, clients: list[int]
+            ) -> Iterator[tuple[Reply, int]]:
+        """Each client's reply and the bytes sent to it, lazily; rejected replies left out."""
+        ...
+
+    def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]: ...
+
+    def close(self) -> None: ...
+
+
+class Evaluation(Protocol):
+    """How a round is scored: on the server's data, or by the clients themselves."""
+
+    def evaluate(self, server: Records, server_round: int) -> dict: ...
+
+
+@dataclass
+class Progress:
+    """Counters that survive a resume (they are checkpointed)."""
+
+    server_round: int = 0
+    up_bytes: int = 0
+    down_bytes: int = 0
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    aggregate_s: float = 0.0
+    client_updates: int = 0
+
+
+class RoundLoop:
+    """Runs an experiment's rounds; everything it needs comes through its constructor."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        transport: Transport,
+        evaluation: Evaluation,
+        run_dir: RunDir | None = None,
+        population: list[int] | None = None,
+        summary_extra: Callable[[], dict] | None = None,
+    ) -> None:
+        """`population`: the client ids that can be sampled (default: every client of the
+        data); the sampling stream draws positions in it. `summary_extra`: the transport's
+        own summary entries (Flower's rejected replies)."""
+        self.prepared = prepared
+        self.cfg = prepared.cfg
+        self.algorithm = prepared.algorithm
+        self.transport = transport
+        self.evaluation = evaluation
+        self.run_dir = run_dir
+        self.population = population if population is not None else list(
+            range(len(prepared.fed.clients)))
+        self.summary_extra = summary_extra
+        self.server: Records = self.algorithm.init_server()
+        self.progress = Progress()
+        self.history: list[dict] = []
+
+    # state ------------------------------------------------------------------------------
+    @property
+    def num_clients(self) -> int:
+        return len(self.population)
+
+    @property
+    def checkpoints(self) -> bool:
+        """A run can resume only where its client states live in this process."""
+        return self.transport.states is not None
+
+    def client_state(self, client: int) -> Records:
+        states = self.transport.states
+        return {} if states is None else states.get(client, {})
+
+    def per_round(self) -> int:
+        t = self.cfg.train
+        if t.clients_per_round is not None:
+            return min(t.clients_per_round, self.num_clients)
+        return max(1, math.ceil(t.client_fraction * self.num_clients - 1e-9))
+
+    def checkpoint(self) -> dict:
+        assert self.transport.states is not None, "the transport keeps no client states"
+        return {
+            "progress": asdict(self.progress),
+            "server": self.server,
+            "clients": {str(i): s for i, s in self.transport.states.items()},
+        }
+
+    def restore(self, ckpt: dict) -> None:
+        assert self.transport.states is not None, "the transport keeps no client states"
+        prog = ckpt["progress"]
+        self.progress = Progress(**{k: prog[k] for k in asdict(Progress())})
+        self.server = ckpt["server"]
+        self.transport.states.clear()
+        self.transport.states.update({int(i): s for i, s in ckpt["clients"].items()})
+
+    # one round --------------------------------------------------------------------------
+    def sample(self, server_round: int) -> list[int]:
+        if self.prepared.pooled is not None:
+            return [POOLED]
+        picked = sample_clients(self.cfg.seed, server_round, self.num_clients, self.per_round())
+        return [self.population[i] for i in picked]
+
+    def run_round(self, server_round: int) -> dict:
+        clients = self.sample(server_round)
+        timer = {"train": 0.0}
+        losses: list[tuple[float, float]] = []
+
+        def replies() -> Iterator[Reply]:
+            """The replies as the aggregation consumes them; the time to get each is training."""
+            t0 = time.perf_counter()
+            for reply, down in self.transport.fit(self.server, server_round, clients):
+                if reply.client != POOLED:  # the pooled reference client sends nothing
+                    self.progress.down_bytes += down
+                    self.progress.up_bytes += nbytes(reply.records)
+                self.progress.client_updates += 1
+                if "loss" in reply.metrics:
+                    losses.append((reply.metrics["loss"], reply.num_examples))
+                timer["train"] += time.perf_counter() - t0
+                yield reply
+                t0 = time.perf_counter()
+
+        t0 = time.perf_counter()
+        stream = replies()
+        result = self.algorithm.aggregate(self.server, stream, server_round)
+        for _ in stream:  # every sampled client trains, even if aggregate stopped reading
+            pass
+        self.server = result.server
+        elapsed = time.perf_counter() - t0
+        self.progress.train_s += timer["train"]
+        self.progress.aggregate_s += elapsed - timer["train"]
+        self.progress.server_round = server_round
+        weight = sum(w for _, w in losses)
+        return {
+            "clients": clients,
+            "train_loss": sum(v * w for v, w in losses) / weight if weight else None,
+            "train_s": timer["train"],
+            "aggregate_s": elapsed - timer["train"],
+            "server": dict(result.metrics),
+        }
+
+    def evaluate(self, server_round: int) -> dict:
+        t0 = time.perf_counter()
+        scores = self.evaluation.evaluate(self.server, server_round)
+        dt = time.perf_counter() - t0
+        self.progress.eval_s += dt
+        scores["eval_s"] = dt
+        return scores
+
+    def record(self, server_round: int, info: dict, scores: dict) -> dict:
+        """The round's line of metrics.jsonl (the same in memory and on disk)."""
+        return strict_json({
+            "round": server_round,
+            "train_loss": info["train_loss"],
+            "personalization": scores["personalization"],
+            "generalization": scores["generalization"],
+            "global": scores["global"],
+            "val": scores["val"],
+            "server": info["server"],
+            "time": {"train_s": info["train_s"], "aggregate_s": info["aggregate_s"],
+                     "eval_s": scores["eval_s"]},
+            "comm": {"up_bytes": self.progress.up_bytes, "down_bytes": self.progress.down_bytes},
+            "clients": scores["clients"],
+        })
+
+    # the loop ---------------------------------------------------------------------------
+    def run(self, on_round: OnRound | None = None) -> dict:
+        """Every remaining round, then the summary (written to the run directory, if any)."""
+        try:
+            return self._rounds(on_round)
+        finally:
+            self.transport.close()
+
+    def _rounds(self, on_round: OnRound | None) -> dict:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        p = self.progress
+        total_before = p.train_s + p.eval_s + p.aggregate_s
+        for r in range(self.progress.server_round + 1, cfg.train.rounds + 1):
+            info = self.run_round(r)
+            record = None
+            if r % cfg.eval.every == 0 or r == cfg.train.rounds:
+                record = self.record(r, info, self.evaluate(r))
+                self.history.append(record)
+                if self.run_dir is not None:
+                    self.run_dir.append_metrics(record)
+            if self.run_dir is not None and self.checkpoints and (
+                r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds
+            ):
+                self.run_dir.save_checkpoint(self.checkpoint())
+            if on_round is not None:
+                on_round(r, info, record)
+        summary = self.summary(total_before + time.perf_counter() - t_start)
+        if self.run_dir is not None:
+            self.run_dir.write_json("summary.json", summary)
+        return summary
+
+    def summary(self, total_s: float) -> dict:
+        cfg = self.cfg
+        if not self.history:
+            raise RuntimeError("no round was evaluated")
+        final = self.history[-1]
+        chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
+        p = self.progress
+        rounds = p.server_round
+
+        def scores(rec: dict) -> dict:
+            return {k: rec[k] for k in ("personalization", "generalization", "global")}
+
+        server_metrics: Metrics = final.get("server") or {}
+        return {
+            "algorithm": self.algorithm.name,  # "fedavg+ala" when the ALA plug-in is on
+            "dataset": cfg.data.name,
+            "model": cfg.model.name,
+            "engine": self.transport.name,
+            "num_clients": self.num_clients,
+            "seed": cfg.seed,
+            "rounds": rounds,
+            "final": {"round": final["round"], **scores(final), "server": server_metrics},
+            "selected": {"round": chosen["round"], "rule": cfg.eval.selection, **scores(chosen),
+                         "server": chosen.get("server") or {}},
+            "comm": {
+                "up_bytes": p.up_bytes,
+                "down_bytes": p.down_bytes,
+                "up_bytes_per_round": p.up_bytes / max(rounds, 1),
+                "down_bytes_per_round": p.down_bytes / max(rounds, 1),
+            },
+            "time": {
+                "total_s": total_s,
+                "train_s": p.train_s,
+                "aggregate_s": p.aggregate_s,
+                "eval_s": p.eval_s,
+                "train_s_per_round": p.train_s / max(rounds, 1),
+                "client_updates_per_s": p.client_updates / max(p.train_s, 1e-9),
+            },
+            **(self.summary_extra() if self.summary_extra is not None else {}),
+        }

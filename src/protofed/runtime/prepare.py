@@ -1,0 +1,116 @@
+"""Everything an experiment needs before its first round, built and checked from the config.
+
+Config errors surface here, before any file is written: a bad key, a missing data file or a
+model that cannot take the input shape stops the run with one line and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protofed.algorithms import Algorithm, Setting, build_algorithm
+from protofed.config import ExperimentConfig
+from protofed.core.seeding import MODEL_INIT, derive_seed
+from protofed.core.types import clone
+from protofed.data.federated import ClientData, FederatedData, build_federated
+from protofed.errors import ConfigError
+from protofed.models import build_model
+from protofed.models.base import FedModel
+from protofed.runtime.dynamic import DynamicClasses, client_data
+
+POOLED = -1
+"""The client id of the pooled reference client (`centralized`): all clients' data in one."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """`train.device` as a torch device, checked against what this machine has."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"invalid value for 'train.device': {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device={name}: only cpu and cuda are supported")
+    return device
+
+
+@dataclass
+class Prepared:
+    """Everything validated and built before any file is written."""
+
+    cfg: ExperimentConfig
+    fed: FederatedData
+    model: FedModel
+    algorithm: Algorithm
+    dynamic: DynamicClasses | None = None  # data.dynamic: the per-round views of client data
+    pooled: ClientData | None = None  # every client's data as one (algorithms that pool data)
+
+    def client_data(self, client: int, server_round: int) -> ClientData:
+        """The data `client` trains on in `server_round` (the pooled data for POOLED)."""
+        if client == POOLED:
+            assert self.pooled is not None, "no pooled data: the algorithm does not pool"
+            return self.pooled
+        return client_data(self.fed, self.dynamic, client, server_round)
+
+
+def prepare(cfg: ExperimentConfig) -> Prepared:
+    """Load data, build the model and the algorithm: every config error surfaces here."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
+    fed = build_federated(cfg.data, cfg.seed)
+    if device.type != "cpu":
+        fed.clients = [c.to(device) for c in fed.clients]
+    model, algorithm = build_model_and_algorithm(
+        cfg, fed.input_shape, fed.num_classes, len(fed.clients), device
+    )
+    dynamic = DynamicClasses.build(cfg.data.dynamic, fed, cfg.seed)
+    if dynamic is not None:
+        if algorithm.pools_data:
+            raise ConfigError(f"data.dynamic is not supported by '{cfg.algorithm.name}' (pooled data)")
+        fed.meta["dynamic"] = dynamic.describe()
+    pooled = pooled_data(fed) if algorithm.pools_data else None
+    return Prepared(cfg, fed, model, algorithm, dynamic, pooled)
+
+
+def build_model_and_algorithm(
+    cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, num_clients: int,
+    device: torch.device,
+) -> tuple[FedModel, Algorithm]:
+    """The seeded initial model and the algorithm built on it.
+
+    Deterministic in the config: the server and every client (a Flower SuperNode that holds
+    only its own data) build the same initial weights and the same `Setting`.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
+        model = build_model(cfg.model, input_shape, num_classes)
+    model.to(device)
+    setting = Setting(
+        num_clients=num_clients,
+        num_classes=num_classes,
+        train=cfg.train,
+        init_model=clone(model.state_dict()),
+        seed=cfg.seed,
+    )
+    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
+    return model, algorithm
+
+
+def pooled_data(fed: FederatedData) -> ClientData:
+    """All clients' training data as one client (the `centralized` reference)."""
+    cat = torch.cat
+    cs = fed.clients
+    return ClientData(
+        name="pooled",
+        group=None,
+        train_x=cat([c.train_x for c in cs]),
+        train_y=cat([c.train_y for c in cs]),
+        val_x=cat([c.val_x for c in cs]),
+        val_y=cat([c.val_y for c in cs]),
+        test_x=cat([c.test_x for c in cs]),
+        test_y=cat([c.test_y for c in cs]),
+    )

@@ -1,0 +1,54 @@
+"""Server-side evaluation: every client's model scored where all the data is (simulation).
+
+The round loop asks an evaluation mode for a round's scores. This one holds every client's
+splits (`protofed.evaluation.Evaluator`), so it reports personalization, generalization and
+the global score; a deployment scores on the clients instead (`protofed.flower.engine`).
+With `data.dynamic`, a round is scored on the clients' views of that round's data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from protofed.core.types import Arrays, Records
+from protofed.evaluation import Evaluator
+from protofed.runtime.prepare import Prepared
+
+
+class ClientModels(Protocol):
+    def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]: ...
+
+
+class ServerSideEvaluation:
+    """Scores the client models a transport obtains (built here from the states it keeps,
+    or fetched from the clients) and the global model, on the server's copy of the data."""
+
+    def __init__(self, prepared: Prepared, transport: ClientModels) -> None:
+        cfg = prepared.cfg.eval
+        self.prepared = prepared
+        self.transport = transport
+        self.evaluator = Evaluator(prepared.fed, prepared.model, cfg.batch_size, cfg.generalization)
+        self._staged: tuple[int, Evaluator] | None = None
+
+    def evaluator_for(self, server_round: int) -> Evaluator:
+        """The evaluator of `server_round`'s data: with data.dynamic, the clients' views that
+        round (rebuilt when the schedule gives classes back), else the whole data."""
+        dyn = self.prepared.dynamic
+        if dyn is None:
+            return self.evaluator
+        stage = dyn.stage(server_round)
+        if self._staged is None or self._staged[0] != stage:
+            cfg = self.prepared.cfg.eval
+            view = dyn.federated(self.prepared.fed, server_round)
+            self._staged = (
+                stage, Evaluator(view, self.prepared.model, cfg.batch_size, cfg.generalization)
+            )
+        return self._staged[1]
+
+    def evaluate(self, server: Records, server_round: int) -> dict:
+        """The scores of the models after `server_round` (see `Evaluator.evaluate`)."""
+        return self.evaluator_for(server_round).evaluate(
+            self.transport.client_models(server, server_round),
+            self.prepared.algorithm.global_model(server),
+        )
