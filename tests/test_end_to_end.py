@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protofed.config import load_config
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.runtime import prepare, simulate
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "ditto"])
@@ -16,7 +16,7 @@ def test_uci_har_natural_clients_learn(shared_data, algorithm):
         "train.batch_size=32", "train.lr=0.05", "train.momentum=0.9",
         "train.clients_per_round=10", "eval.every=3", "train.workers=2",
     ])
-    sim = Simulation(prepare(cfg))
+    sim = simulate(prepare(cfg))
     losses = []
     summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))
     assert summary["num_clients"] == 30

@@ -9,7 +9,7 @@ import torch
 
 from protofed.config import load_config
 from protofed.core.seeding import sample_clients
-from protofed.runtime.simulation import Simulation, prepare, resume, start
+from protofed.runtime import prepare, resume, simulate, start
 
 BASE = [
     "data.name=digits",
@@ -53,10 +53,10 @@ def test_summary_has_the_contracted_keys(tmp_path):
 
 
 def test_same_config_and_seed_give_identical_numbers():
-    a = Simulation(prepare(_cfg("train.client_fraction=0.5"))).run()
-    b = Simulation(prepare(_cfg("train.client_fraction=0.5"))).run()
+    a = simulate(prepare(_cfg("train.client_fraction=0.5"))).run()
+    b = simulate(prepare(_cfg("train.client_fraction=0.5"))).run()
     assert _numbers(a) == _numbers(b)
-    c = Simulation(prepare(_cfg("train.client_fraction=0.5", "seed=1"))).run()
+    c = simulate(prepare(_cfg("train.client_fraction=0.5", "seed=1"))).run()
     assert _numbers(a) != _numbers(c)
 
 
@@ -92,25 +92,25 @@ def test_sampling_is_a_fixed_stream_per_round():
 
 
 def test_bytes_counted_from_the_real_messages():
-    sim = Simulation(prepare(_cfg("train.rounds=1", "train.clients_per_round=3")))
+    sim = simulate(prepare(_cfg("train.rounds=1", "train.clients_per_round=3")))
     sim.run()
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
     assert sim.progress.down_bytes == 3 * model_bytes
     assert sim.progress.up_bytes == 3 * model_bytes
 
 
 def test_local_sends_nothing_and_keeps_one_model_per_trained_client():
-    sim = Simulation(prepare(_cfg("algorithm.name=local", "train.rounds=2")))
+    sim = simulate(prepare(_cfg("algorithm.name=local", "train.rounds=2")))
     summary = sim.run()
     assert summary["comm"]["up_bytes"] == 0 and summary["comm"]["down_bytes"] == 0
     assert summary["final"]["global"] is None
-    assert len(sim.states) == 6
+    assert len(sim.transport.states) == 6
 
 
 def test_fedavg_keeps_no_per_client_state():
-    sim = Simulation(prepare(_cfg("train.rounds=2")))
+    sim = simulate(prepare(_cfg("train.rounds=2")))
     sim.run()
-    assert sim.states == {}
+    assert sim.transport.states == {}
 
 
 def test_threads_setting_is_applied():
@@ -124,9 +124,9 @@ def test_threads_setting_is_applied():
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedrep"])
 def test_worker_processes_give_the_serial_numbers(algorithm):
-    serial = Simulation(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
+    serial = simulate(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
                                      "train.rounds=2", "train.client_fraction=0.5"))).run()
-    parallel = Simulation(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
+    parallel = simulate(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
                                        "train.rounds=2", "train.client_fraction=0.5",
                                        "train.workers=2"))).run()
     assert _numbers(serial) == _numbers(parallel)
@@ -140,12 +140,12 @@ def test_a_thousand_clients_do_not_hold_a_thousand_models():
         "data.name=synthetic", "data.partition=iid", "data.num_clients=1000", "model.name=mlp",
         "model.hidden=[200,200]", "train.rounds=1", "eval.generalization=false",
     ])
-    sim = Simulation(prepare(cfg))
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
+    sim = simulate(prepare(cfg))
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
     rss = psutil.Process().memory_info().rss
     sim.run()
     grown = psutil.Process().memory_info().rss - rss
-    assert sim.states == {} and sim.progress.client_updates == 1000
+    assert sim.transport.states == {} and sim.progress.client_updates == 1000
     assert grown < 0.25 * 1000 * model_bytes, f"RSS grew {grown / 2**20:.0f} MiB"
 
 
@@ -160,3 +160,46 @@ def test_without_validation_data_files_stay_strict_json(tmp_path):
             (tmp_path / "r" / name).read_text()
         ]:
             json.loads(line, parse_constant=no_constants)
+
+
+def test_the_loop_is_composed_and_checkpoints_where_it_owns_the_states(tmp_path):
+    from protofed.runtime import InProcessTransport, RoundLoop, ServerSideEvaluation
+
+    prepared = prepare(_cfg("train.rounds=2"))
+    transport = InProcessTransport(prepared)
+    loop = RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport))
+    assert loop.checkpoints and loop.run()["engine"] == "builtin"
+
+    class Elsewhere(InProcessTransport):  # a transport whose client states live elsewhere
+        states = None
+
+    other = Elsewhere(prepared)
+    loop = RoundLoop(prepared, other, ServerSideEvaluation(prepared, other))
+    assert not loop.checkpoints
+
+
+def test_server_metrics_reach_the_metrics_file_and_the_summary(tmp_path):
+    from protofed.algorithms.base import AggregateResult, Algorithm, FitResult
+    from protofed.algorithms.common.aggregation import weighted_mean
+
+    class Counting(Algorithm):  # FedAvg that reports how many replies it averaged
+        name = "counting"
+        summary = "test"
+
+        def fit(self, client, message, state):
+            client.load(message["model"])
+            return FitResult({"model": client.weights()}, client.train_model())
+
+        def aggregate(self, server, replies, server_round):
+            mean, seen = weighted_mean(replies)
+            return AggregateResult(mean, {"replies": float(len(seen)), "round": server_round})
+
+    prepared = prepare(_cfg("train.rounds=2", "train.clients_per_round=4"))
+    prepared.algorithm = Counting(prepared.algorithm.params, prepared.algorithm.setting)
+    from protofed.runs import RunDir
+
+    run = RunDir.create(tmp_path / "r", {}, {}, "")
+    summary = simulate(prepared, run).run()
+    assert summary["final"]["server"] == {"replies": 4.0, "round": 2.0}
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["server"]["round"] for line in lines] == [1.0, 2.0]

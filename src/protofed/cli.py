@@ -88,8 +88,9 @@ def run(
     )] = "builtin",
 ) -> None:
     """Run one experiment and write its run directory."""
-    from protofed.runtime.simulation import resume, start
+    from protofed.runtime import resume, start
 
+    run_loop = None  # how the loop runs: its own `run`, or inside a Flower simulation session
     try:
         if engine not in ("builtin", "flower"):
             raise ConfigError(f"unknown --engine '{engine}' (builtin or flower)")
@@ -97,7 +98,10 @@ def run(
             from protofed.flower import require_flower
 
             require_flower()
+            from protofed.flower.engine import run_simulation_loop
             from protofed.flower.engine import start  # noqa: F811 - same signature, Flower engine
+
+            run_loop = run_simulation_loop
         if resume_dir is not None:
             if engine == "flower":
                 raise ConfigError("Flower runs keep client states on the nodes: no --resume")
@@ -110,27 +114,27 @@ def run(
                 console.print(f"{resume_dir} is already complete.")
                 print_summary(existing.read_json("summary.json"), resume_dir)
                 return
-            sim = resume(resume_dir)
+            loop = resume(resume_dir)
             out = resume_dir
         else:
             cfg = _config(config, set_, data_dir)
             if out is None:
                 stamp = time.strftime("%Y%m%d-%H%M%S")
                 out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
-            sim = start(cfg, out, overwrite=force)
+            loop = start(cfg, out, overwrite=force)
     except ConfigError as exc:
         _fail(str(exc))
         return
 
-    total = sim.cfg.train.rounds
+    total = loop.cfg.train.rounds
     show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
         console=err_console, disable=not show, transient=False,
     ) as bar:
-        task = bar.add_task(sim.cfg.algorithm.name, total=total, completed=sim.progress.round,
-                            status="")
+        task = bar.add_task(loop.cfg.algorithm.name, total=total,
+                            completed=loop.progress.server_round, status="")
 
         def on_round(r: int, info: dict, record: dict | None) -> None:
             status = ""
@@ -139,10 +143,10 @@ def run(
             bar.update(task, completed=r, status=status)
 
         try:
-            summary = sim.run(on_round=on_round)
+            summary = loop.run(on_round) if run_loop is None else run_loop(loop, on_round)
         except KeyboardInterrupt:
-            err_console.print(f"interrupted after round {sim.progress.round}; continue with: "
-                              f"protofed run --resume {out}", highlight=False)
+            err_console.print(f"interrupted after round {loop.progress.server_round}; continue "
+                              f"with: protofed run --resume {out}", highlight=False)
             raise typer.Exit(code=130) from None
     print_summary(summary, out)
 
@@ -263,6 +267,35 @@ def partition(
         _fail(str(exc))
         return
     console.print(fed.counts_table(), highlight=False)
+
+
+flower_app = typer.Typer(no_args_is_help=True, help="protofed on Flower: deployment helpers "
+                         "(docs/flower.md).")
+app.add_typer(flower_app, name="flower")
+
+
+@flower_app.command()
+def export(
+    config: Annotated[Path | None, typer.Argument(help="Experiment YAML.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for client_<i>.npz.")] = Path(
+        "partitions"
+    ),
+    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
+) -> None:
+    """Write each client's train/val/test data to OUT/client_<i>.npz (same split as any run)."""
+    try:
+        from protofed.flower import require_flower
+
+        require_flower()
+        from protofed.flower.partitions import export_partitions
+
+        paths = export_partitions(_config(config, set_, data_dir), out)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
+                  highlight=False)
 
 
 def main() -> None:  # pragma: no cover - entry point

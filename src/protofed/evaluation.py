@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
-from protofed.algorithms.base import Arrays
+from protofed.core.types import Arrays
 from protofed.data.federated import FederatedData
 from protofed.models.base import FedModel
 from protofed.training.client import load_weights
@@ -87,7 +87,8 @@ def scores_from_counts(
     return acc, macro
 
 
-def _aggregate(accs, f1s) -> dict[str, float]:
+def summarize(accs, f1s) -> dict[str, float]:
+    """Mean and std across clients of per-client accuracy and F1 (NaN: a client without data)."""
     a, f = np.asarray(accs, dtype=float), np.asarray(f1s, dtype=float)
     if np.all(np.isnan(a)):
         return {"acc": float("nan"), "acc_std": float("nan"), "f1": float("nan"),
@@ -196,9 +197,9 @@ class Evaluator:
             "val_acc": val_acc.tolist(), "val_f1": val_f1.tolist(),
         }
         result: dict = {
-            "personalization": _aggregate(pers_acc, pers_f1),
-            "generalization": _aggregate(gen_acc, gen_f1) if self.generalization else None,
-            "val": _aggregate(val_acc, val_f1),
+            "personalization": summarize(pers_acc, pers_f1),
+            "generalization": summarize(gen_acc, gen_f1) if self.generalization else None,
+            "val": summarize(val_acc, val_f1),
             "global": None,
             "clients": per,
         }

@@ -7,7 +7,7 @@
   simulation engine (`protofed run --engine flower`) or deployed (`serverapp`);
 - `serverapp`: the deployed ServerApp (`flwr run flower_app <superlink>`);
 - `partitions`: one client's data per file for the SuperNodes
-  (`python -m protofed.flower export CONFIG --out DIR`).
+  (`protofed flower export CONFIG --out DIR`).
 
 Flower is an optional extra: `pip install protofed[flower]`. See docs/flower.md.
 """

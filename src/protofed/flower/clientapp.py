@@ -2,12 +2,12 @@
 
 One ClientApp serves every algorithm: it decodes the message (`wire`), takes the client's
 state from `Context.state`, runs the algorithm's `fit` through the same code as the built-in
-engine (`runtime.parallel.fit_message`: the client's generator and dropout seeds are keyed
-by seed, round and client, so it trains exactly as it would there), stores the new state back
-in `Context.state` and replies with arrays and scalar metrics.
+engine (`runtime.run_fit`: the client's generator and dropout seeds are keyed by seed, round
+and client, so it trains exactly as it would there), stores the new state back in
+`Context.state` and replies with the algorithm's records, its metrics and `num_examples`.
 
 Where a client's data comes from (the node's `node_config`):
-- `partition="/path/client_3.npz"`: a file written by `python -m protofed.flower export`,
+- `partition="/path/client_3.npz"`: a file written by `protofed flower export`,
   holding only that client's data (deployment: one SuperNode per client);
 - `partition-id=3` (what Flower's simulation engine sets): the node builds the federated
   data from the experiment config (same partition and split as every engine) and takes
@@ -20,8 +20,8 @@ Fault drills (`PROTOFED_FLOWER_FAULT`, see `_fault`) make a client misbehave for
 
 Message types: "query" (who are you: client id, partition header), "train" (fit) and
 "evaluate": in mode "weights" (simulation) the client returns its personalized model
-(`client_model`) for the server's evaluation, sending only the arrays that differ from the
-message; in mode "scores" (deployment) it evaluates that model on its own test and
+(`client_model`) for the server's evaluation, sending only the weights that are not tensors
+of the message; in mode "scores" (deployment) it evaluates that model on its own test and
 validation splits, and the global model on its test split, and returns per-class counts.
 """
 
@@ -30,33 +30,26 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from protofed.algorithms.base import Algorithm, Arrays
+from protofed.algorithms import Algorithm
 from protofed.config import ExperimentConfig
+from protofed.core.types import Arrays, Records
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.evaluation import class_counts
 from protofed.flower import wire
 from protofed.flower.partitions import Partition, federation_header, load_partition
 from protofed.models.base import FedModel
+from protofed.runtime import Prepared, build_model_and_algorithm, prepare, run_fit
+from protofed.runtime.prepare import resolve_device
 from protofed.training.client import load_weights
-from protofed.runtime.dynamic import client_data
-from protofed.runtime.parallel import fit_message
-from protofed.runtime.simulation import (
-    Prepared,
-    _pooled,
-    build_model_and_algorithm,
-    prepare,
-    resolve_device,
-)
 from protofed.training.loop import predict
 
 PARTITION_KEY, PARTITION_ID_KEY = "partition", "partition-id"
@@ -72,20 +65,13 @@ class ClientSide:
     prepared: Prepared | None = None  # simulation: every client's data
     partition: Partition | None = None  # deployment: this node's client only
 
-    @cached_property
-    def pooled(self) -> ClientData | None:
-        return _pooled(self.prepared.fed) if self.prepared is not None else None
-
-    def data(self, cid: int, round: int) -> ClientData:
+    def data(self, cid: int, server_round: int) -> ClientData:
         if self.partition is not None:
             if cid != self.partition.client:
                 raise ValueError(f"this node holds client {self.partition.client}, not {cid}")
             return self.partition.data
         assert self.prepared is not None
-        if cid < 0:
-            assert self.pooled is not None
-            return self.pooled
-        return client_data(self.prepared.fed, self.prepared.dynamic, cid, round)
+        return self.prepared.client_data(cid, server_round)
 
     def info(self, node_config: dict) -> dict[str, Any]:
         """The answer to "query": which client this node is, and its partition's header."""
@@ -133,25 +119,28 @@ def client_side(config: str, node_config: dict) -> ClientSide:
         else:
             raise ConfigError(
                 "the SuperNode needs --node-config 'partition=\"<client_i.npz>\"' "
-                "(python -m protofed.flower export) or 'partition-id=<i>'"
+                "(protofed flower export) or 'partition-id=<i>'"
             )
     return _CACHE[key]
 
 
-def _state(context: Context, key: str, device: torch.device) -> Arrays:
-    if key in context.state.array_records:
-        return wire.from_record(context.state.array_records[key], device)
-    return {}
+def _state(context: Context, key: str, device: torch.device) -> Records:
+    prefix = f"{key}/"
+    return {
+        name[len(prefix):]: wire.from_record(record, device)
+        for name, record in context.state.array_records.items() if name.startswith(prefix)
+    }
 
 
-def _set_state(context: Context, key: str, state: Arrays) -> None:
-    if state:
-        context.state[key] = wire.to_record(state)
-    elif key in context.state:
-        del context.state[key]
+def _set_state(context: Context, key: str, state: Records) -> None:
+    prefix = f"{key}/"
+    for name in [n for n in context.state if n.startswith(prefix)]:
+        del context.state[name]
+    for name, arrays in state.items():
+        context.state[prefix + name] = wire.to_record(arrays)
 
 
-def _fault(cid: int, round: int) -> str | None:
+def _fault(cid: int, server_round: int) -> str | None:
     """Fault drills: PROTOFED_FLOWER_FAULT="client:round[:kind],..." in a node's environment
     makes that client misbehave in that round, for real, in the real ClientApp: `raise`
     (default), or reply with `nan` values, a wrong `shape`, or a `missing` array. The server
@@ -159,12 +148,15 @@ def _fault(cid: int, round: int) -> str | None:
     spec = os.environ.get("PROTOFED_FLOWER_FAULT", "")
     for item in filter(None, (s.strip() for s in spec.split(","))):
         c, r, *kind = item.split(":")
-        if int(c) == cid and int(r) == round:
+        if int(c) == cid and int(r) == server_round:
             return kind[0] if kind else "raise"
     return None
 
 
-def _corrupt(arrays: Arrays, kind: str) -> Arrays:
+def _corrupt(records: Records, kind: str) -> Records:
+    """The reply with its first record's first array spoiled as `kind` says."""
+    record = next(iter(records))
+    arrays = records[record]
     name = next(iter(arrays))
     bad = dict(arrays)
     if kind == "nan":
@@ -175,7 +167,7 @@ def _corrupt(arrays: Arrays, kind: str) -> Arrays:
         del bad[name]
     else:
         raise ValueError(f"unknown fault '{kind}' (raise, nan, shape, missing)")
-    return bad
+    return {**records, record: bad}
 
 
 app = ClientApp()
@@ -193,21 +185,20 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     task = msg.content.config_records[wire.TASK]
     side = client_side(str(task["config"]), dict(context.node_config))
-    cid, round = int(task["client"]), int(task["round"])
-    fault = _fault(cid, round)
+    cid, server_round = int(task["client"]), int(task["round"])
+    fault = _fault(cid, server_round)
     if fault == "raise":
-        raise RuntimeError(f"client {cid} fails in round {round} (PROTOFED_FLOWER_FAULT)")
+        raise RuntimeError(f"client {cid} fails in round {server_round} (PROTOFED_FLOWER_FAULT)")
     key = wire.state_key(str(task["config"]))
     device = resolve_device(side.cfg.train.device)
-    message = wire.from_record(msg.content.array_records[wire.ARRAYS], device)
-    arrays, metrics, new_state = fit_message(
-        side.algorithm, side.model, side.cfg, side.data(cid, round), message, cid, round,
-        _state(context, key, device),
-    )
-    _set_state(context, key, new_state)
-    if fault is not None:
-        arrays = _corrupt(arrays, fault)
-    content = RecordDict({wire.ARRAYS: wire.to_record(arrays), wire.METRICS: wire.to_metrics(metrics)})
+    message = wire.from_records(msg.content, device)
+    data = side.data(cid, server_round)
+    result = run_fit(side.algorithm, side.model, side.cfg, data, message, cid, server_round,
+                     _state(context, key, device))
+    _set_state(context, key, result.state)
+    reply = result.reply if fault is None else _corrupt(result.reply, fault)
+    metrics = {**result.metrics, wire.NUM_EXAMPLES: float(len(data.train_y))}
+    content = RecordDict({**wire.to_records(reply), wire.METRICS: wire.to_metrics(metrics)})
     return Message(content, reply_to=msg)
 
 
@@ -215,21 +206,24 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     task = msg.content.config_records[wire.TASK]
     side = client_side(str(task["config"]), dict(context.node_config))
-    cid, round = int(task["client"]), int(task["round"])
+    cid, server_round = int(task["client"]), int(task["round"])
     device = resolve_device(side.cfg.train.device)
-    message = wire.from_record(msg.content.array_records[wire.ARRAYS], device)
+    message = wire.from_records(msg.content, device)
     state = _state(context, wire.state_key(str(task["config"])), device)
     model = side.algorithm.client_model(message, state)
     if str(task["mode"]) == "scores":
-        records = _scores(side, cid, round, model, msg.content.array_records.get(wire.GLOBAL), device)
-        return Message(RecordDict(records), reply_to=msg)
-    # only what differs from the message: FedAvg's clients send nothing back, and the server
-    # rebuilds the model from the very tensors it sent (so shared models are evaluated once)
-    same = [k for k, v in model.items() if k in message and v is message[k]]
-    changed = {k: v for k, v in model.items() if k not in same}
+        scores = _scores(side, cid, server_round, model,
+                         msg.content.array_records.get(wire.GLOBAL), device)
+        return Message(RecordDict({wire.SCORES: scores}), reply_to=msg)
+    # only what is not a tensor of the message: FedAvg's clients send nothing back, and the
+    # server rebuilds the model from the very tensors it sent (shared models evaluated once)
+    sent = {id(t): f"{rec}/{name}" for rec, arrays in message.items() for name, t in arrays.items()}
+    keys = [k for k, v in model.items() if id(v) in sent]
+    changed = {k: v for k, v in model.items() if id(v) not in sent}
     content = RecordDict({
-        wire.ARRAYS: wire.to_record(changed),
-        wire.INFO: ConfigRecord({"from_message": same}),
+        wire.SCORES: wire.to_record(changed),
+        wire.INFO: ConfigRecord({"from_message": keys,
+                                 "sources": [sent[id(model[k])] for k in keys]}),
     })
     return Message(content, reply_to=msg)
 
@@ -244,10 +238,10 @@ def _counts(side: ClientSide, weights: Arrays, x: torch.Tensor, y: torch.Tensor)
     return np.stack([tp[0], support[0], predicted[0]]).astype(np.int64)
 
 
-def _scores(side: ClientSide, cid: int, round: int, model: Arrays, global_record,
-            device: torch.device) -> dict:
+def _scores(side: ClientSide, cid: int, server_round: int, model: Arrays, global_record,
+            device: torch.device) -> ArrayRecord:
     """Deployment evaluation on the client's own data: per-class counts, nothing else."""
-    data = side.data(cid, round)
+    data = side.data(cid, server_round)
     counts = {
         "pers.test": _counts(side, model, data.test_x, data.test_y),
         "pers.val": _counts(side, model, data.val_x, data.val_y),
@@ -256,4 +250,4 @@ def _scores(side: ClientSide, cid: int, round: int, model: Arrays, global_record
         counts["global.test"] = _counts(
             side, wire.from_record(global_record, device), data.test_x, data.test_y
         )
-    return {wire.ARRAYS: wire.to_record({k: torch.from_numpy(v) for k, v in counts.items()})}
+    return wire.to_record({k: torch.from_numpy(v) for k, v in counts.items()})

@@ -9,8 +9,8 @@ Its run config (`[tool.flwr.app.config]` of flower_app/pyproject.toml, or `--run
     wait-s       ... for at most this many seconds
 
 The server holds no data: it learns the federation from the SuperNodes' partition files
-(`python -m protofed.flower export`), runs the built-in round loop over the Grid
-(`engine.FlowerDeployment`) and writes the run directory as every engine does, with
+(`protofed flower export`), runs the built-in round loop over the Grid
+(`engine.deploy`) and writes the run directory as every engine does, with
 client-side evaluation (docs/flower.md says what is reported).
 """
 
@@ -24,7 +24,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from protofed.config import load_config
-from protofed.flower.engine import FlowerDeployment
+from protofed.flower.engine import deploy
 from protofed.runs import RunDir
 
 app = ServerApp()
@@ -39,15 +39,15 @@ def main(grid: Grid, context: Context) -> None:
     out = str(rc.get("out", "")) or str(
         Path("runs") / f"flower-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    engine = FlowerDeployment.connect(
+    loop, partition = deploy(
         cfg, grid, nodes=int(rc.get("nodes", 1)), wait_s=float(rc.get("wait-s", 60.0))
     )
-    engine.run_dir = RunDir.create(
-        out, cfg.to_dict(), engine.partition_summary, engine.fed.counts_table(), overwrite=True
+    loop.run_dir = RunDir.create(
+        out, cfg.to_dict(), partition, loop.prepared.fed.counts_table(), overwrite=True
     )
-    engine.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
-    summary = engine.run()
+    loop.transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
+    summary = loop.run()
     pers = summary["final"]["personalization"]
-    print(f"protofed: {summary['algorithm']} on {len(engine.present)} SuperNodes, "
+    print(f"protofed: {summary['algorithm']} on {loop.num_clients} SuperNodes, "
           f"{summary['rounds']} rounds: personalization acc {pers['acc']:.4f}, "
           f"{summary['flower']['rejected']} repl(ies) rejected; run directory {out}", flush=True)

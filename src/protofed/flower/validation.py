@@ -7,12 +7,13 @@ contain is inferred, the same way for every algorithm:
 1. it decodes: plain numeric arrays only (no pickle, no object arrays: `wire.from_record`),
    scalar finite metrics, `num_examples` (if sent) >= 0;
 2. every floating-point value is finite (no NaN, no infinity);
-3. an array named like a model weight has that weight's exact shape and dtype (the model is
-   the template: FedAvg's, Ditto's and FedRep's replies are model weights);
-4. an array named like an array of the message it answers has the message's dtype and
-   trailing shape (prototype methods send one row per class present, so the leading
-   dimension of a non-weight array may differ between clients and from the message);
-5. the replies of a round agree on their names and, for arrays that are not model weights,
+3. an array of the record `model` named like a model weight has that weight's exact shape
+   and dtype (the model is the template: FedAvg's, Ditto's and FedRep's replies are weights);
+4. an array of another record named like an array of the same record in the message it
+   answers has the message's dtype and trailing shape (prototype methods send one row per
+   class present, so the leading dimension may differ between clients and from the message);
+5. the replies of a round agree on their records and names and, for arrays that are not
+   model weights,
    on dtype and trailing shape: the expected layout is the one a strict majority of the
    replies that passed 1-4 share; without a strict majority (say two replies that
    disagree), the layout accepted in the previous round decides, and failing that the first
@@ -28,11 +29,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protofed.algorithms.base import Arrays, Metrics, Reply
+from protofed.core.types import MODEL, Arrays, Metrics, Records, Reply
 
 log = logging.getLogger("protofed.flower")
 
-Layout = tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype, trailing shape) sorted
+Layout = tuple[tuple[str, str, tuple[int, ...]], ...]  # (record/name, dtype, shape) sorted
+
+
+def flat(records: Records) -> Arrays:
+    """Records as one mapping of "record/name" to tensors (how replies are compared)."""
+    return {f"{rec}/{name}": t for rec, arrays in records.items() for name, t in arrays.items()}
 
 
 @dataclass
@@ -54,14 +60,15 @@ class ReplyValidator:
 
     @classmethod
     def for_model(cls, weights: Arrays) -> ReplyValidator:
-        return cls({k: (v.shape, v.dtype) for k, v in weights.items()})
+        return cls({f"{MODEL}/{k}": (v.shape, v.dtype) for k, v in weights.items()})
 
     # one reply on its own (rules 1-4) ------------------------------------------------------
-    def check_one(self, arrays: Arrays, metrics: Metrics, message: Arrays) -> str | None:
-        """The reason `arrays` is malformed, or None."""
-        n = metrics.get("num_examples")
-        if n is not None and n < 0:
-            return f"num_examples is negative ({n})"
+    def check_one(self, records: Records, metrics: Metrics, message: Records,
+                  num_examples: float = 0.0) -> str | None:
+        """The reason a reply is malformed, or None."""
+        if num_examples < 0:
+            return f"num_examples is negative ({num_examples})"
+        arrays, message = flat(records), flat(message)
         for name, value in arrays.items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
@@ -88,20 +95,21 @@ class ReplyValidator:
 
     # a round (rule 5) ----------------------------------------------------------------------
     def check_round(
-        self, replies: list[Reply], messages: dict[int, Arrays]
+        self, replies: list[Reply], messages: dict[int, Records]
     ) -> tuple[list[Reply], list[Rejected]]:
         """The replies to keep (in the given order) and the rejected ones with reasons."""
         rejected: list[Rejected] = []
         passed: list[Reply] = []
         for reply in replies:
-            reason = self.check_one(reply.arrays, reply.metrics, messages.get(reply.client, {}))
+            reason = self.check_one(reply.records, reply.metrics, messages.get(reply.client, {}),
+                                    reply.num_examples)
             if reason is None:
                 passed.append(reply)
             else:
                 rejected.append(Rejected(reply.client, reason))
         if not passed:
             return [], rejected
-        layouts = [self.layout(r.arrays) for r in passed]
+        layouts = [self.layout(flat(r.records)) for r in passed]
         counts = Counter(layouts)
         top, top_count = counts.most_common(1)[0]
         if 2 * top_count > len(layouts):

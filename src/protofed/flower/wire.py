@@ -1,22 +1,24 @@
-"""What crosses between the ServerApp and the ClientApps: named arrays, scalars, a little config.
+"""What crosses between the ServerApp and the ClientApps: named records, scalars, a little config.
 
-An algorithm's messages, replies and states are flat dicts of tensors (`Arrays`) and scalar
-metrics, so they map one to one onto Flower's records: tensors onto an `ArrayRecord` (each
-array serialized by Flower as a NumPy `.npy` buffer, loaded with `allow_pickle=False`),
-metrics onto a `MetricRecord`, and the task (kind, round, client, the experiment config as
-JSON) onto a `ConfigRecord`. Nothing is pickled: an array whose dtype NumPy cannot load
-without pickle (object arrays) fails to decode and the reply is rejected.
+An algorithm's messages, replies and states are `Records` (named records of tensors) plus
+scalar metrics, so they map one to one onto Flower's `RecordDict`: each record onto an
+`ArrayRecord` of the same name (each array serialized by Flower as a NumPy `.npy` buffer,
+loaded with `allow_pickle=False`), metrics onto a `MetricRecord`, and the task (kind, round,
+client, the experiment config as JSON) onto a `ConfigRecord`. Nothing is pickled: an array
+whose dtype NumPy cannot load without pickle (object arrays) fails to decode and the reply
+is rejected.
 
-Record names inside a message's `RecordDict`:
+Names inside a message's `RecordDict`:
 
-    protofed.arrays   ArrayRecord   the algorithm's message (down) or reply (up)
+    <record>          ArrayRecord   the algorithm's records ("model", "protos", ...), down or up
     protofed.global   ArrayRecord   deployment evaluation: the server's model, if any
+    protofed.scores   ArrayRecord   deployment evaluation: a client's per-class counts
     protofed.task     ConfigRecord  kind, round, client, mode, config (JSON)
-    protofed.metrics  MetricRecord  the reply's scalar metrics
+    protofed.metrics  MetricRecord  the reply's scalar metrics (and `num_examples`)
     protofed.info     ConfigRecord  a client's answer to "which client are you?"
 
-and in a ClientApp's `Context.state`: `protofed.state.<experiment>` (the client's algorithm
-state, `state_key`).
+Algorithms' record names never start with `protofed.`. In a ClientApp's `Context.state`, the
+client's state records live under `protofed.state.<experiment>/<record>` (`state_key`).
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ import math
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from protofed.algorithms.base import Arrays, Metrics
 from protofed.config import ExperimentConfig, build_config
+from protofed.core.types import Arrays, Metrics, Records
 
-ARRAYS, GLOBAL, TASK, METRICS, INFO, STATE = (
-    "protofed.arrays", "protofed.global", "protofed.task", "protofed.metrics", "protofed.info",
+RESERVED = "protofed."
+GLOBAL, SCORES, TASK, METRICS, INFO, STATE = (
+    "protofed.global", "protofed.scores", "protofed.task", "protofed.metrics", "protofed.info",
     "protofed.state",
 )
+NUM_EXAMPLES = "num_examples"  # the reply's training-set size, among its metrics
 # the message types (Flower's "train" and "evaluate"; "query" asks a node who it is)
 TRAIN, EVALUATE, QUERY = "train", "evaluate", "query"
 
@@ -62,6 +66,23 @@ def from_record(record: ArrayRecord, device: torch.device | str = "cpu") -> Arra
             raise ValueError(f"array '{name}' disagrees with its declared dtype or shape")
         out[name] = torch.from_numpy(np.array(value, copy=True)).to(device)
     return out
+
+
+def to_records(records: Records) -> dict[str, ArrayRecord]:
+    """An algorithm's records as ArrayRecords of the same names (for a RecordDict)."""
+    for name in records:
+        if name.startswith(RESERVED):
+            raise ValueError(f"record name '{name}' is reserved (it starts with '{RESERVED}')")
+    return {name: to_record(arrays) for name, arrays in records.items()}
+
+
+def from_records(content: RecordDict, device: torch.device | str = "cpu") -> Records:
+    """The algorithm's records of a message (every ArrayRecord not named `protofed.*`)."""
+    return {
+        name: from_record(record, device)
+        for name, record in content.array_records.items()
+        if not name.startswith(RESERVED)
+    }
 
 
 def to_metrics(metrics: Metrics) -> MetricRecord:
@@ -99,7 +120,8 @@ def state_key(config: str) -> str:
     return f"{STATE}.{hashlib.sha256(config.encode()).hexdigest()[:12]}"
 
 
-def task(kind: str, round: int, client: int, config: str, mode: str = "") -> ConfigRecord:
-    return ConfigRecord(
-        {"kind": kind, "round": int(round), "client": int(client), "config": config, "mode": mode}
-    )
+def task(kind: str, server_round: int, client: int, config: str, mode: str = "") -> ConfigRecord:
+    return ConfigRecord({
+        "kind": kind, "round": int(server_round), "client": int(client), "config": config,
+        "mode": mode,
+    })

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from protofed.config import DynamicConfig
-from protofed.data.federated import SPLITS, ClientData, FederatedData
 from protofed.core.seeding import DYNAMIC_DATA
+from protofed.data.federated import SPLITS, ClientData, FederatedData
 
 
 @dataclass(frozen=True)

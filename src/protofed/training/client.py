@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from protofed.core.types import Arrays, Metrics
 from protofed.config import TrainConfig
+from protofed.core.types import Arrays, Metrics
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
 from protofed.training.loop import LossFn, cross_entropy, train_epochs
