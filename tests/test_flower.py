@@ -30,7 +30,7 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, MetricRecord  # noqa: E402
 
-from protofed.algorithms.base import Reply  # noqa: E402
+from protofed.core.types import Reply  # noqa: E402
 from protofed.config import load_config  # noqa: E402
 from protofed.errors import ConfigError  # noqa: E402
 from protofed.flower import wire  # noqa: E402
@@ -38,8 +38,7 @@ from protofed.flower.engine import FLOWER_ENV, RoundFailed, run_simulations  # n
 from protofed.flower.engine import start as start_flower  # noqa: E402
 from protofed.flower.partitions import export_partitions, load_partition  # noqa: E402
 from protofed.flower.validation import ReplyValidator  # noqa: E402
-from protofed.runtime.parallel import fit_client  # noqa: E402
-from protofed.runtime.simulation import Simulation, prepare  # noqa: E402
+from protofed.runtime import fit_client, prepare, simulate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_golden  # noqa: E402
@@ -121,14 +120,18 @@ def test_malformed_replies_are_rejected_with_a_reason(har, caplog) -> None:
     server = prepared.algorithm.init_server()
     replies = []
     for cid in range(4):
-        arrays, metrics, _, _ = fit_client(prepared, None, server, cid, 1, {})
-        replies.append(Reply(cid, arrays, metrics))
-    name = next(iter(replies[0].arrays))
-    nan = dict(replies[1].arrays, **{name: replies[1].arrays[name].clone().fill_(math.nan)})
-    shape = dict(replies[2].arrays, **{name: replies[2].arrays[name][:-1].clone()})
-    missing = {k: v for k, v in replies[3].arrays.items() if k != name}
-    bad = [replies[0], Reply(1, nan, replies[1].metrics), Reply(2, shape, replies[2].metrics),
-           Reply(3, missing, replies[3].metrics)]
+        result = fit_client(prepared, server, cid, 1, {})
+        replies.append(Reply(cid, result.reply, result.metrics, 10.0))
+    models = [r.records["model"] for r in replies]
+    name = next(iter(models[0]))
+
+    def spoiled(i: int, model: dict) -> Reply:
+        return Reply(i, {"model": model}, replies[i].metrics, 10.0)
+
+    nan = dict(models[1], **{name: models[1][name].clone().fill_(math.nan)})
+    shape = dict(models[2], **{name: models[2][name][:-1].clone()})
+    missing = {k: v for k, v in models[3].items() if k != name}
+    bad = [replies[0], spoiled(1, nan), spoiled(2, shape), spoiled(3, missing)]
     validator = ReplyValidator.for_model(prepared.model.state_dict())
     messages = {cid: server for cid in range(4)}
     kept, rejected = validator.check_round(bad, messages)
@@ -140,7 +143,7 @@ def test_malformed_replies_are_rejected_with_a_reason(har, caplog) -> None:
     # well-formed replies all pass, and negative sample counts do not
     kept, rejected = validator.check_round(replies, messages)
     assert len(kept) == 4 and not rejected
-    assert "negative" in validator.check_one(replies[0].arrays, {"num_examples": -1.0}, server)
+    assert "negative" in validator.check_one(replies[0].records, {}, server, num_examples=-1.0)
 
 
 def test_prototype_replies_may_differ_in_rows_but_not_in_width(har) -> None:
@@ -148,16 +151,20 @@ def test_prototype_replies_may_differ_in_rows_but_not_in_width(har) -> None:
     prepared = prepare(_config(har["4"], "fedproto", "data.partition=dirichlet",
                                "data.num_clients=4", "data.alpha=0.2"))
     server = prepared.algorithm.init_server()
-    replies = [Reply(cid, *fit_client(prepared, None, server, cid, 1, {})[:2]) for cid in range(4)]
-    rows = {r.arrays["proto.means"].shape[0] for r in replies}
+    replies = []
+    for cid in range(4):
+        result = fit_client(prepared, server, cid, 1, {})
+        replies.append(Reply(cid, result.reply, result.metrics, 10.0))
+    rows = {r.records["protos"]["means"].shape[0] for r in replies}
     assert len(rows) > 1  # the clients really hold different classes
     validator = ReplyValidator.for_model(prepared.model.state_dict())
     kept, rejected = validator.check_round(replies, {cid: {} for cid in range(4)})
     assert len(kept) == 4 and not rejected
-    narrow = dict(replies[0].arrays, **{"proto.means": replies[0].arrays["proto.means"][:, :-1]})
-    kept, rejected = validator.check_round([Reply(0, narrow, replies[0].metrics), *replies[1:]],
-                                           {cid: {} for cid in range(4)})
-    assert [r.client for r in rejected] == [0] and "proto.means" in rejected[0].reason
+    protos = replies[0].records["protos"]
+    narrow = {**replies[0].records, "protos": {**protos, "means": protos["means"][:, :-1]}}
+    kept, rejected = validator.check_round([Reply(0, narrow, replies[0].metrics, 10.0),
+                                            *replies[1:]], {cid: {} for cid in range(4)})
+    assert [r.client for r in rejected] == [0] and "protos/means" in rejected[0].reason
 
 
 def test_flower_settings_are_validated(har, tmp_path) -> None:
@@ -206,7 +213,7 @@ def session(har, tmp_path_factory) -> dict:
     clients fail in round 4).
     """
     out = tmp_path_factory.mktemp("flower")
-    builtin = {name: Simulation(prepare(_config(har["4"], name))).run() for name in EQUIVALENT}
+    builtin = {name: simulate(prepare(_config(har["4"], name))).run() for name in EQUIVALENT}
     configs = {name: _config(har["4"], name) for name in EQUIVALENT}
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
     configs["too_few"] = _config(har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5",

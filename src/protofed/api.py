@@ -1,0 +1,265 @@
+"""protofed as a Python library: run an experiment, open a run, get its models back.
+
+    import protofed
+    run = protofed.run("configs/quickstart.yaml", train={"rounds": 5})
+    run.summary.final["personalization"]["f1"]
+    run.history                 # pandas DataFrame: one row per evaluated round and client
+    model = run.client_model(3) # client 3's personalized model, a ready torch.nn.Module
+    again = protofed.load_run(run.path)
+
+Every run, from Python or from the CLI, writes the same run directory (config.yaml,
+partition.json, metrics.jsonl, checkpoint.pt, summary.json), and `Run` reads only that
+directory: a run made on another machine or by the CLI opens the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from protofed.config import ExperimentConfig, build_config, load_raw
+from protofed.errors import ConfigError
+from protofed.runs import CHECKPOINT, PARTITION, SUMMARY, RunDir
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+    from protofed.algorithms import Algorithm
+    from protofed.models.base import FedModel
+
+ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig | None
+
+
+def resolve_config(config: ConfigLike = None, **overrides: Any) -> ExperimentConfig:
+    """An experiment config from a YAML path, a nested dict or a config object, plus overrides.
+
+    Overrides are keyword arguments: a dotted key (`**{"train.rounds": 3}`), a section given
+    as a dict (`train={"rounds": 3}`, merged into that section) or a top-level value
+    (`seed=1`). Errors are `ConfigError`s that name the key.
+    """
+    if isinstance(config, ExperimentConfig):
+        raw = config.to_dict()
+    elif isinstance(config, Mapping):
+        raw = _deep_copy(config)
+    elif config is None or isinstance(config, str | Path):
+        raw = load_raw(config)
+    else:
+        raise ConfigError(f"config must be a YAML path, a dict or an ExperimentConfig, "
+                          f"not {type(config).__name__}")
+    for key, value in overrides.items():
+        if "." in key:
+            _set(raw, key.split("."), value)
+        elif isinstance(value, Mapping):
+            section = raw.setdefault(key, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"override '{key}': not a section")
+            _merge(section, value)
+        else:
+            raw[key] = value
+    return build_config(raw)
+
+
+def _deep_copy(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in mapping.items()}
+
+
+def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = _deep_copy(value) if isinstance(value, Mapping) else value
+
+
+def _set(raw: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{'.'.join(parts)}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run's `summary.json`, typed. `as_dict()` gives the file's contents back."""
+
+    algorithm: str
+    dataset: str
+    model: str
+    engine: str
+    num_clients: int
+    seed: int
+    rounds: int
+    final: dict[str, Any]
+    selected: dict[str, Any]
+    comm: dict[str, Any]
+    time: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific entries (Flower's)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        values = {k: data[k] for k in known if k in data}
+        values.setdefault("engine", "builtin")
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {**{k: v for k, v in out.items() if k != "extra"}, **out["extra"]}
+
+
+class Run:
+    """A finished (or interrupted) experiment, read from its run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.dir = RunDir.open(path)
+        self.path: Path = self.dir.path
+        self._built: tuple[FedModel, Algorithm] | None = None
+        self._checkpoint: dict | None = None
+
+    def __repr__(self) -> str:
+        state = "complete" if self.dir.complete else "incomplete"
+        return f"Run({str(self.path)!r}, {state})"
+
+    # what the run directory says -----------------------------------------------------------
+    @property
+    def config(self) -> ExperimentConfig:
+        return build_config(self.dir.config())
+
+    @property
+    def summary(self) -> Summary:
+        if not self.dir.complete:
+            raise ConfigError(f"{self.path} has no {SUMMARY}: the run did not finish "
+                              f"(continue it with protofed run --resume {self.path})")
+        return Summary.from_dict(self.dir.read_json(SUMMARY))
+
+    @property
+    def client_names(self) -> list[str]:
+        return [c["name"] for c in self.dir.read_json(PARTITION)["clients"]]
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per evaluated round and client: its personalization, generalization and
+        validation scores, with the round's global score, train loss and server metrics."""
+        import pandas as pd
+
+        names = self.client_names
+        rows = []
+        for record in self.dir.history():
+            per = record["clients"]
+            ids = per.get("client_ids") or list(range(len(per["pers_acc"])))
+            glob = record.get("global") or {}
+            for j, cid in enumerate(ids):
+                row = {
+                    "round": record["round"], "client": cid, "client_name": names[cid],
+                    "pers_acc": per["pers_acc"][j], "pers_f1": per["pers_f1"][j],
+                    "gen_acc": per["gen_acc"][j] if per["gen_acc"] else None,
+                    "gen_f1": per["gen_f1"][j] if per["gen_f1"] else None,
+                    "val_acc": per["val_acc"][j], "val_f1": per["val_f1"][j],
+                    "global_acc": glob.get("acc"), "global_f1": glob.get("f1"),
+                    "train_loss": record["train_loss"],
+                }
+                row.update({f"server.{k}": v for k, v in (record.get("server") or {}).items()})
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    # models ------------------------------------------------------------------------------
+    def _model_and_algorithm(self) -> tuple[FedModel, Algorithm]:
+        """The model and algorithm as the run built them, from its partition header (no data
+        is loaded)."""
+        if self._built is None:
+            from protofed.runtime import build_model_and_algorithm
+            from protofed.runtime.prepare import resolve_device
+
+            cfg = self.config
+            part = self.dir.read_json(PARTITION)
+            self._built = build_model_and_algorithm(
+                cfg, tuple(part["input_shape"]), int(part["num_classes"]),
+                int(part["num_clients"]), resolve_device(cfg.train.device),
+            )
+        return self._built
+
+    def _state(self) -> dict:
+        if self._checkpoint is None:
+            ckpt = self.dir.load_checkpoint(map_location=self.config.train.device)
+            if ckpt is None:
+                raise ConfigError(
+                    f"{self.path} has no {CHECKPOINT}: models can be loaded only from runs "
+                    "whose client states were kept by this process (the built-in engine; a "
+                    "Flower run keeps them on the clients)")
+            self._checkpoint = ckpt
+        return self._checkpoint
+
+    def _module(self, weights: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+        import copy
+
+        model, _ = self._model_and_algorithm()
+        module = copy.deepcopy(model)
+        module.load_state_dict(dict(weights))
+        return module.eval()
+
+    def client_model(self, client: int) -> torch.nn.Module:
+        """Client `client`'s personalized model after the last checkpointed round (in eval mode)."""
+        _, algorithm = self._model_and_algorithm()
+        ckpt = self._state()
+        num = int(self.dir.read_json(PARTITION)["num_clients"])
+        if not 0 <= client < num:
+            raise ConfigError(f"client {client} is not in this run (0..{num - 1})")
+        last = int(ckpt["progress"]["server_round"])
+        message = algorithm.configure(ckpt["server"], client, last + 1)
+        state = ckpt["clients"].get(str(client), {})
+        return self._module(algorithm.client_model(message, state))
+
+    def global_model(self) -> torch.nn.Module | None:
+        """The server's model after the last checkpointed round, or None for methods without."""
+        _, algorithm = self._model_and_algorithm()
+        weights = algorithm.global_model(self._state()["server"])
+        return None if weights is None else self._module(weights)
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a run directory written by `protofed.run` or `protofed run`."""
+    return Run(path)
+
+
+def run(
+    config: ConfigLike = None,
+    out: str | Path | None = None,
+    *,
+    engine: str = "builtin",
+    overwrite: bool = False,
+    on_round: Callable[[int, dict, dict | None], None] | None = None,
+    **overrides: Any,
+) -> Run:
+    """Run one experiment and return its `Run`.
+
+    `config`: a YAML path, a nested dict, an `ExperimentConfig` or None (the defaults);
+    `overrides` as in `resolve_config`. `out`: the run directory (default:
+    `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
+    `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine).
+    """
+    cfg = resolve_config(config, **overrides)
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
+    if engine == "builtin":
+        from protofed.runtime import start
+
+        start(cfg, out, overwrite=overwrite).run(on_round)
+    elif engine == "flower":
+        from protofed.flower import require_flower
+
+        require_flower()
+        from protofed.flower.engine import run_simulation_loop
+        from protofed.flower.engine import start as start_flower
+
+        run_simulation_loop(start_flower(cfg, out, overwrite=overwrite), on_round)
+    else:
+        raise ConfigError(f"unknown engine '{engine}' (builtin or flower)")
+    return Run(out)
