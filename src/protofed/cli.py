@@ -223,7 +223,7 @@ def report(
     which: Annotated[str, typer.Option(help="'selected' round or 'final' round.")] = "selected",
 ) -> None:
     """Compare finished runs: a table printed, and written as Markdown and CSV."""
-    from protofed.report import _fmt, collect, to_csv, to_markdown
+    from protofed.report import collect, format_value, to_csv, to_markdown
 
     try:
         rows = collect(dirs, which)
@@ -237,11 +237,11 @@ def report(
     for r in rows:
         per_round = (r["up_MB"] + r["down_MB"]) / max(r["rounds"], 1)
         table.add_row(
-            r["run"], str(r["round"]), _fmt(r["pers_acc"], "acc"),
-            f"{_fmt(r['pers_f1'], 'f1')} ± {_fmt(r['pers_f1_std'], 'std')}",
-            f"{_fmt(r['gen_f1'], 'f1')} ± {_fmt(r['gen_f1_std'], 'std')}"
+            r["run"], str(r["round"]), format_value(r["pers_acc"], "acc"),
+            f"{format_value(r['pers_f1'], 'f1')} ± {format_value(r['pers_f1_std'], 'std')}",
+            f"{format_value(r['gen_f1'], 'f1')} ± {format_value(r['gen_f1_std'], 'std')}"
             if r["gen_f1"] is not None else "-",
-            _fmt(r["global_f1"], "f1"), f"{per_round:.2f}", f"{r['s_per_round']:.2f}",
+            format_value(r["global_f1"], "f1"), f"{per_round:.2f}", f"{r['s_per_round']:.2f}",
         )
     console.print(table)
     md, csv_path = out.with_suffix(".md"), out.with_suffix(".csv")

@@ -37,7 +37,15 @@ def _row(path: Path, summary: dict, which: str) -> dict:
     row["up_MB"] = summary["comm"]["up_bytes"] / 1e6
     row["down_MB"] = summary["comm"]["down_bytes"] / 1e6
     row["s_per_round"] = summary["time"]["total_s"] / max(summary["rounds"], 1)
+    for key, value in (part.get("server") or {}).items():  # the server's own metrics
+        row[f"server.{key}"] = value
     return row
+
+
+def columns(rows: list[dict]) -> list[str]:
+    """The fixed columns, then the server metrics any run reports (sorted)."""
+    extra = sorted({k for r in rows for k in r if k.startswith("server.")})
+    return [*COLUMNS, *extra]
 
 
 def collect(dirs: list[str | Path], which: str = "selected") -> list[dict]:
@@ -87,7 +95,8 @@ def group_scores(
     return {label(g): sum(values[g]) / len(values[g]) for g in ordered}
 
 
-def _fmt(value, key: str) -> str:
+def format_value(value, key: str) -> str:
+    """A table cell: scores in percent, other floats with two decimals, None as '-'."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -98,16 +107,17 @@ def _fmt(value, key: str) -> str:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    head = "| " + " | ".join(COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(_fmt(r[c], c) for c in COLUMNS) + " |" for r in rows]
+    cols = columns(rows)
+    head = "| " + " | ".join(cols) + " |"
+    sep = "|" + "|".join("---" for _ in cols) + "|"
+    body = ["| " + " | ".join(format_value(r.get(c), c) for c in cols) + " |" for r in rows]
     note = "\nScores in percent: mean over clients (std across clients for *_std)."
     return "\n".join([head, sep, *body]) + "\n" + note + "\n"
 
 
 def to_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=columns(rows))
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
