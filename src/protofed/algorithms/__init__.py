@@ -6,7 +6,7 @@ imported and searched. Names are unique; an unknown name is an error that lists 
 
 An algorithm that declares which model is its clients' local one (`Algorithm.ala_local`) also
 accepts the `algorithm.ala.*` section: with `algorithm.ala.enabled=true` it is built with
-adaptive local aggregation before its local training (`_ala.with_ala`); for any other
+adaptive local aggregation before its local training (`common.ala.with_ala`); for any other
 algorithm that section is an error naming the key.
 """
 
@@ -18,6 +18,18 @@ import pkgutil
 
 from pydantic import ValidationError
 
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    FitResult,
+    Hyperparams,
+    Metrics,
+    Records,
+    Reply,
+    Setting,
+)
 from protofed.algorithms.common.ala import (
     ALA_KEY,
     AdaptiveLocalAggregation,
@@ -25,10 +37,12 @@ from protofed.algorithms.common.ala import (
     supports_ala,
     with_ala,
 )
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 
-__all__ = ["Algorithm", "Arrays", "Hyperparams", "Metrics", "Reply", "Setting", "ALGORITHMS", "build_algorithm"]
+__all__ = [
+    "ALGORITHMS", "MODEL", "AggregateResult", "Algorithm", "Arrays", "FitResult", "Hyperparams",
+    "Metrics", "Records", "Reply", "Setting", "build_algorithm",
+]
 
 _MODULES = sorted(
     m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg and not m.name.startswith("_") and m.name != "base"

@@ -25,15 +25,12 @@ Decisions:
 - The mixture's BatchNorm statistics are v's buffers, updated by the mixture's forward passes;
   w's buffers are updated by w's own forward passes and averaged with w.
 - A client's v starts as the global model it receives in its first round; v and alpha stay in
-  its state. The optimizer of `train` (momentum, weight decay) applies to w and v alike; alpha
+  its state (records `"personal"`: v's parameters, `"buffers"`: v's buffers, `"alpha"`). The optimizer of `train` (momentum, weight decay) applies to w and v alike; alpha
   takes plain gradient steps.
 - The evaluated mixture uses the current global model: alpha * v + (1 - alpha) * w_global.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -41,15 +38,19 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from protofed.algorithms.common.aggregation import prefixed, unprefixed, weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+)
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-PERSONAL = "personal."  # client state: v's parameters
-BUFFERS = "personal_buffers."  # client state: v's buffers (BatchNorm statistics)
-ALPHA = "alpha"  # client state: the mixing weight, a 0-d tensor
+PERSONAL = "personal"  # client state: v's parameters
+BUFFERS = "buffers"  # client state: v's buffers (BatchNorm statistics)
+ALPHA = "alpha"  # client state: {"alpha": the mixing weight, a 0-d tensor}
 
 
 def mixture(personal: Arrays, global_: Arrays, alpha: float | torch.Tensor) -> Arrays:
@@ -75,15 +76,15 @@ class APFL(Algorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         model = client.model
         w = dict(model.named_parameters())
-        start = {**unprefixed(state, PERSONAL), **unprefixed(state, BUFFERS)} or message
+        start = {**state[PERSONAL], **state[BUFFERS]} if PERSONAL in state else message[MODEL]
         device = next(iter(w.values())).device
         v = {n: start[n].detach().clone().to(device).requires_grad_(True) for n in w}
         buffers = {n: b.detach().clone().to(device) for n, b in start.items() if n not in w}
-        initial = float(state[ALPHA]) if ALPHA in state else self.params.alpha
+        initial = float(state[ALPHA][ALPHA]) if ALPHA in state else self.params.alpha
         alpha = torch.tensor(initial, device=device, requires_grad=self.params.adaptive)
         alpha_lr = self.params.alpha_lr or client.train.lr
 
@@ -105,20 +106,16 @@ class APFL(Algorithm):
             after_step=update_alpha if self.params.adaptive else None,
         )
         metrics["alpha"] = float(alpha.detach())
-        metrics["num_examples"] = float(client.num_examples)
         new_state = {
-            **prefixed({n: t.detach().clone() for n, t in v.items()}, PERSONAL),
-            **prefixed(buffers, BUFFERS),
-            ALPHA: alpha.detach().clone(),
+            PERSONAL: {n: t.detach().clone() for n, t in v.items()},
+            BUFFERS: buffers,
+            ALPHA: {ALPHA: alpha.detach().clone()},
         }
-        return client.weights(), metrics, new_state
+        return FitResult({MODEL: client.weights()}, metrics, new_state)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        personal = unprefixed(state, PERSONAL)
-        if not personal:
-            return message
-        return {**message, **unprefixed(state, BUFFERS), **mixture(personal, message, state[ALPHA])}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        if PERSONAL not in state:
+            return message[MODEL]
+        global_ = message[MODEL]
+        mixed = mixture(state[PERSONAL], global_, state[ALPHA][ALPHA])
+        return {**global_, **state[BUFFERS], **mixed}

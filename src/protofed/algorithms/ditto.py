@@ -10,17 +10,19 @@ every client takes part in round 1). Evaluation uses v; the global model is the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+)
+from protofed.algorithms.common.ala import PERSONAL
 from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class Ditto(Algorithm):
@@ -30,7 +32,7 @@ class Ditto(Algorithm):
         "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     )
     has_global_model = True
-    ala_local = "state"  # ALA plug-in: the local model is the personal model v
+    ala_local = "state"  # ALA plug-in: the local model is the personal model v ("personal")
 
     class Params(Hyperparams):
         lam: float = Field(
@@ -47,25 +49,21 @@ class Ditto(Algorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         # (1) the global model, as FedAvg
-        client.load(message)
+        client.load(message[MODEL])
         anchor = parameter_snapshot(client.model)  # w^t, as received
         metrics = client.train_model()
         reply = client.weights()
         # (2) the personal model, regularized toward w^t
-        client.load(state if state else message)
+        client.load(state[PERSONAL] if PERSONAL in state else message[MODEL])
         personal = client.train_model(
             epochs=self.params.personal_epochs, loss_fn=proximal_loss(anchor, self.params.lam)
         )
         metrics["personal_loss"] = personal["loss"]
         metrics["personal_steps"] = personal["steps"]
-        metrics["num_examples"] = float(client.num_examples)
-        return reply, metrics, client.weights()
+        return FitResult({MODEL: reply}, metrics, {PERSONAL: client.weights()})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else message
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        """The personal model v, or the global model before the client's first round."""
+        return state[PERSONAL] if PERSONAL in state else message[MODEL]

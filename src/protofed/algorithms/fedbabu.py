@@ -18,7 +18,7 @@ Decisions:
 - Where fine-tuning runs: it needs the client's data, which the evaluation does not have, so it
   runs in `fit`. Every round a client trains, it also fine-tunes the model it received (the
   global model of the previous round), on its training split with its seeded generator, and
-  keeps the result as its state: the personalized model is "what fine-tuning would give if
+  keeps the result as its state (record `"personal"`): the personalized model is "what fine-tuning would give if
   training stopped now", deterministic given the seed, at the cost of `finetune_epochs` more
   epochs per client and round (the paper fine-tunes once, at evaluation time). A client that
   never trained is evaluated with the global model. `finetune_epochs=0` skips it.
@@ -28,17 +28,22 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+)
 from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+PERSONAL = "personal"  # client state: the fine-tuned model
 
 
 class FedBABU(Algorithm):
@@ -65,19 +70,19 @@ class FedBABU(Algorithm):
         """The head every client uses during federated training: the initial one."""
         return split_arrays(self.setting.init_model)[1]
 
-    def init_server(self) -> Arrays:
-        return dict(split_arrays(self.setting.init_model)[0])
+    def init_server(self) -> Records:
+        return {MODEL: dict(split_arrays(self.setting.init_model)[0])}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         model = client.model
         head = self.fixed_head()
-        client.load(message)
+        client.load(message[MODEL])
         client.load(head)
         metrics = client.train_model(parameters=body_parameters(model))
         body, _ = split_arrays(client.weights())
-        personal: Arrays = {}
+        kept: Records = {}
         if self.params.finetune_epochs > 0:
-            client.load(message)
+            client.load(message[MODEL])
             client.load(head)
             part = self.params.finetune
             parameters = None if part == "full" else (
@@ -85,16 +90,11 @@ class FedBABU(Algorithm):
             )
             tuned = client.train_model(epochs=self.params.finetune_epochs, parameters=parameters)
             metrics["finetune_loss"] = tuned["loss"]
-            personal = client.weights()
-        metrics["num_examples"] = float(client.num_examples)
-        return body, metrics, personal
+            kept = {PERSONAL: client.weights()}
+        return FitResult({MODEL: body}, metrics, kept)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        body, _ = weighted_mean(replies)
-        return body
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return state[PERSONAL] if PERSONAL in state else {**message[MODEL], **self.fixed_head()}
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else {**message, **self.fixed_head()}
-
-    def global_model(self, server: Arrays) -> Arrays:
-        return {**server, **self.fixed_head()}
+    def global_model(self, server: Records) -> Arrays:
+        return {**server[MODEL], **self.fixed_head()}

@@ -16,8 +16,9 @@ Decisions:
   statistics to keep; such layers are not supported.)
 - A model without BatchNorm is a configuration error (FedBN would silently be FedAvg): use
   `resnet18`, `cnnbn` or `cnn1dbn`.
-- A client's BatchNorm layers start from the initial model's in its first round, and a client
-  that has never trained is evaluated with them (the paper has every client in every round).
+- A client's BatchNorm layers (its state's record `"batchnorm"`) start from the initial
+  model's in its first round, and a client that has never trained is evaluated with them (the
+  paper has every client in every round).
   With partial participation a client's BatchNorm layers are as old as its last round, while
   the shared weights move on every round: FedBN is meant for full participation.
 - No global model: the server's averaged weights have no normalisation layers of their own to
@@ -27,15 +28,20 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
-from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Setting,
+)
 from protofed.errors import ConfigError
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
+BATCHNORM = "batchnorm"  # client state: the client's BatchNorm layers
 STATISTICS = "running_mean"  # the buffer that marks a BatchNorm layer
 LOCAL_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
@@ -78,26 +84,21 @@ class FedBN(Algorithm):
                 "cnnbn or cnn1dbn); without them it is FedAvg"
             )
 
-    def local_layers(self, state: Arrays) -> Arrays:
+    def local_layers(self, state: Records) -> Arrays:
         """The client's BatchNorm layers: from its state, or the initial ones."""
-        if state:
-            return state
+        if BATCHNORM in state:
+            return state[BATCHNORM]
         return split_batchnorm(self.setting.init_model, self.local_names)[1]
 
-    def init_server(self) -> Arrays:
-        return split_batchnorm(dict(self.setting.init_model), self.local_names)[0]
+    def init_server(self) -> Records:
+        return {MODEL: split_batchnorm(dict(self.setting.init_model), self.local_names)[0]}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         client.load(self.local_layers(state))
         metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
         shared, local = split_batchnorm(client.weights(), self.local_names)
-        return shared, metrics, local
+        return FitResult({MODEL: shared}, metrics, {BATCHNORM: local})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return {**message, **self.local_layers(state)}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**message[MODEL], **self.local_layers(state)}

@@ -25,15 +25,16 @@ Decisions (record of what the papers leave open):
 - Fine-tuning happens every round in which a client trains, from the model it received, so the
   personalized model at any round is "what fine-tuning would give if training stopped now" (the
   paper fine-tunes once, at the end). It costs `finetune_epochs` more epochs per client.
-- The server state holds one model per group under `fedclar.group.<g>.` and the client-to-group
-  map `fedclar.assign`. There is no global model once clusters exist, so none is reported.
+- The server state holds one model per group, in the records `group.<g>`, and the
+  client-to-group map, the record `assign`. There is no global model once clusters exist, so
+  none is reported. A client keeps its fine-tuned model in its state (record `personal`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,19 +42,27 @@ import torch.nn.functional as F
 from pydantic import Field
 from sklearn.cluster import AgglomerativeClustering
 
-from protofed.algorithms.common.aggregation import prefixed, unprefixed, weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import head_names
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-ASSIGN = "fedclar.assign"
-GROUP = "fedclar.group."
+ASSIGN = "assign"  # server state: {"assign": each client's group, a (num_clients,) tensor}
+PERSONAL = "personal"  # client state: the fine-tuned model
 
 
-def group_prefix(group: int) -> str:
-    return f"{GROUP}{group}."
+def group_record(group: int) -> str:
+    """The server-state record of group `group`'s model."""
+    return f"group.{group}"
 
 
 def cosine_distances(vectors: torch.Tensor) -> torch.Tensor:
@@ -113,36 +122,38 @@ class FedCLAR(Algorithm):
         given = self.params.cluster_round
         return given if given is not None else max(1, math.ceil(self.setting.train.rounds / 2))
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         init = self.setting.init_model
         device = next(iter(init.values())).device
         assign = torch.zeros(self.setting.num_clients, dtype=torch.long, device=device)
-        return {**prefixed(dict(init), group_prefix(0)), ASSIGN: assign}
+        return {group_record(0): dict(init), ASSIGN: {ASSIGN: assign}}
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        group = int(server[ASSIGN][client]) if client >= 0 else 0
-        return unprefixed(server, group_prefix(group))
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        group = int(server[ASSIGN][ASSIGN][client]) if client >= 0 else 0
+        return {MODEL: server[group_record(group)]}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         metrics = client.train_model()
         reply = client.weights()
-        personal: Arrays = {}
+        kept: Records = {}
         if self.params.finetune_epochs > 0:
-            client.load(message)
+            client.load(message[MODEL])
             tuned = client.train_model(epochs=self.params.finetune_epochs)
             metrics["finetune_loss"] = tuned["loss"]
-            personal = client.weights()
-        metrics["num_examples"] = float(client.num_examples)
-        return reply, metrics, personal
+            kept = {PERSONAL: client.weights()}
+        return FitResult({MODEL: reply}, metrics, kept)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        assign = server[ASSIGN].clone()
-        if round == self.clustering_round:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        assign = server[ASSIGN][ASSIGN].clone()
+        if server_round == self.clustering_round:
             replies = list(replies)
             heads = head_names(self.setting.init_model)
             vectors = torch.stack(
-                [torch.cat([r.arrays[n].reshape(-1).double() for n in heads]) for r in replies]
+                [torch.cat([r.records[MODEL][n].reshape(-1).double() for n in heads])
+                 for r in replies]
             )
             labels = threshold_clusters(vectors, self.params.threshold, self.params.linkage)
             first = int(assign.max()) + 1
@@ -153,9 +164,9 @@ class FedCLAR(Algorithm):
             groups.setdefault(int(assign[reply.client]), []).append(reply)
         new = {k: v for k, v in server.items() if k != ASSIGN}
         for group, members in groups.items():
-            model, _ = weighted_mean(members)
-            new.update(prefixed(model, group_prefix(group)))
-        return {**new, ASSIGN: assign}
+            mean, _ = weighted_mean(members)
+            new[group_record(group)] = mean[MODEL]
+        return AggregateResult({**new, ASSIGN: {ASSIGN: assign}})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else message
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return state[PERSONAL] if PERSONAL in state else message[MODEL]

@@ -8,13 +8,8 @@ alone cannot classify, and no head is shared to pair it with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from protofed.algorithms.base import Client, FitResult, Hyperparams, Records
 from protofed.algorithms.common.split import HeadLocalAlgorithm
-from protofed.algorithms.base import Arrays, Hyperparams, Metrics
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class FedPer(HeadLocalAlgorithm):
@@ -28,9 +23,8 @@ class FedPer(HeadLocalAlgorithm):
     class Params(Hyperparams):
         """No hyperparameters: the personalization layers are the model's `head`."""
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         self.start(client, message, state)
         metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
-        body, head = self.finish(client)
-        return body, metrics, head
+        reply, kept = self.finish(client)
+        return FitResult(reply, metrics, kept)

@@ -9,17 +9,10 @@ selected client finishes its epochs.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.base import MODEL, Algorithm, Client, FitResult, Hyperparams, Records
 from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class FedProx(Algorithm):
@@ -37,13 +30,8 @@ class FedProx(Algorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         anchor = parameter_snapshot(client.model)  # w_global, detached, on the model's device
         metrics = client.train_model(loss_fn=proximal_loss(anchor, self.params.mu))
-        metrics["num_examples"] = float(client.num_examples)
-        return client.weights(), metrics, {}
-
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
+        return FitResult({MODEL: client.weights()}, metrics)

@@ -9,15 +9,10 @@ defaults to `train.local_epochs`. No global model: a body without a head cannot 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
+from protofed.algorithms.base import Client, FitResult, Hyperparams, Metrics, Records
 from protofed.algorithms.common.split import HeadLocalAlgorithm, body_parameters, head_parameters
-from protofed.algorithms.base import Arrays, Hyperparams, Metrics
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class FedRep(HeadLocalAlgorithm):
@@ -42,7 +37,7 @@ class FedRep(HeadLocalAlgorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         self.start(client, message, state)
         model = client.model
         head_epochs = self.params.head_epochs
@@ -58,6 +53,5 @@ class FedRep(HeadLocalAlgorithm):
             m = client.train_model(epochs=body_epochs, parameters=body_parameters(model))
             metrics["body_loss"] = metrics["loss"] = m["loss"]
             metrics["steps"] += m["steps"]
-        metrics["num_examples"] = float(client.num_examples)
-        body, head = self.finish(client)
-        return body, metrics, head
+        reply, kept = self.finish(client)
+        return FitResult(reply, metrics, kept)

@@ -23,8 +23,8 @@ Decisions:
   paper's hypernetwork variant is not implemented). Two linear heads on the same z sum to one
   linear head, so the client's model is the body with head weights W_G + W_P and bias
   b_G + b_P: an ordinary model the evaluation can load.
-- The personal head starts at zero, so that before its first training the personalized model
-  is the generic one.
+- The personal head (the client state's record `"head"`, under the model's head names)
+  starts at zero, so that before its first training the personalized model is the generic one.
 - A class absent from the client's training data has prior 0, so its balanced logit is -inf:
   it gets no probability and no gradient from that client (as log of a zero count in the
   balanced softmax); the generic head learns those classes from the clients that have them.
@@ -34,23 +34,27 @@ Decisions:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.algorithms.common.aggregation import prefixed, unprefixed, weighted_mean
-from protofed.algorithms.common.split import head_names
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Setting,
+)
+from protofed.algorithms.common.split import HEAD, head_names
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from protofed.training.client import Client
     from protofed.training.loop import LossFn
-
-PERSONAL = "personal."  # client state: the personal head, under the model's head names
 
 
 def log_prior(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -97,34 +101,32 @@ class FedRoD(Algorithm):
                 f"head has {', '.join(self.head)}"
             )
 
-    def personal_head(self, state: Arrays) -> Arrays:
+    def personal_head(self, state: Records) -> Arrays:
         """The client's personal head under the model's head names (zeros before training)."""
-        own = unprefixed(state, PERSONAL)
-        if own:
-            return own
+        if HEAD in state:
+            return state[HEAD]
         return {n: torch.zeros_like(self.setting.init_model[n]) for n in self.head}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         model = client.model
         personal = copy.deepcopy(model.head)
-        personal.load_state_dict(unprefixed(self.personal_head(state), "head."))
+        prefix = f"{HEAD}."  # the head module's own names, without the model's prefix
+        personal.load_state_dict(
+            {n.removeprefix(prefix): t for n, t in self.personal_head(state).items()}
+        )
         prior_log = log_prior(client.data.train_y, self.setting.num_classes)
         metrics = client.train_model(
             loss_fn=fedrod_loss(personal, prior_log),
             parameters=[*model.parameters(), *personal.parameters()],
         )
-        metrics["num_examples"] = float(client.num_examples)
-        new_head = {f"head.{k}": v.detach().clone() for k, v in personal.state_dict().items()}
-        return client.weights(), metrics, prefixed(new_head, PERSONAL)
+        new_head = {f"{prefix}{k}": v.detach().clone() for k, v in personal.state_dict().items()}
+        return FitResult({MODEL: client.weights()}, metrics, {HEAD: new_head})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+    def client_model(self, message: Records, state: Records) -> Arrays:
         """The body with head h_G + h_P: the sum of the two linear heads' weights."""
-        if not state:  # h_P = 0: the generic model itself (shared, so evaluated once)
-            return message
+        generic = message[MODEL]
+        if HEAD not in state:  # h_P = 0: the generic model itself (shared, so evaluated once)
+            return generic
         personal = self.personal_head(state)
-        return {**message, **{n: message[n] + personal[n] for n in self.head}}
+        return {**generic, **{n: generic[n] + personal[n] for n in self.head}}

@@ -8,12 +8,18 @@ client's model lives in its state, starting from the shared initial weights.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
 
 
 class Local(Algorithm):
@@ -25,26 +31,27 @@ class Local(Algorithm):
     class Params(Hyperparams):
         """No hyperparameters: local epochs, optimizer and lr come from `train`."""
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         return {}  # the server holds nothing
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
         return {}  # nothing is sent: zero bytes down
 
-    def own_model(self, state: Arrays) -> Arrays:
-        """The client's model: its state, or the initial weights before its first round."""
-        return state if state else self.setting.init_model
+    def own_model(self, state: Records) -> Arrays:
+        """The client's model: its state's, or the initial weights before its first round."""
+        return state.get(MODEL, self.setting.init_model)
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(self.own_model(state))
         metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
-        return {}, metrics, client.weights()  # nothing is sent: zero bytes up
+        return FitResult({}, metrics, {MODEL: client.weights()})  # nothing is sent: zero bytes up
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
         for _ in replies:  # drive the (lazy) round so every client trains
             pass
-        return server
+        return AggregateResult(server)
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+    def client_model(self, message: Records, state: Records) -> Arrays:
         return self.own_model(state)

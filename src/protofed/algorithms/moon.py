@@ -25,7 +25,7 @@ Decisions:
 - z_glob and z_prev are computed in eval mode (running BatchNorm statistics, no dropout) and
   without gradient: they are fixed targets of the round.
 - A client's previous model is the model it trained and sent back last time, kept in its state
-  (one model per client). In its first round it has none; the official code then uses the
+  (the record `"previous"`, one model per client). In its first round it has none; the official code then uses the
   initial global model, for which z_prev = z_glob and l_con = log 2 has zero gradient, so the
   term is skipped there (the reported loss lacks the constant mu * log 2).
 """
@@ -33,7 +33,6 @@ Decisions:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,13 +40,21 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+)
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
-    from protofed.training.client import Client
     from protofed.training.loop import LossFn
+
+PREVIOUS = "previous"  # client state: the model the client trained last round
 
 
 def model_contrastive_loss(
@@ -105,22 +112,17 @@ class MOON(Algorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
-        if self.params.mu > 0 and state:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
+        if self.params.mu > 0 and PREVIOUS in state:
             loss = moon_loss(
-                frozen_copy(client.model, message),
-                frozen_copy(client.model, state),
+                frozen_copy(client.model, message[MODEL]),
+                frozen_copy(client.model, state[PREVIOUS]),
                 self.params.mu,
                 self.params.temperature,
             )
             metrics = client.train_model(loss_fn=loss)
         else:  # no previous model yet (or mu = 0): the contrastive term has no gradient
             metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
-        trained = client.weights()
-        return trained, metrics, trained  # the reply is also next round's previous model
-
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
+        trained = client.weights()  # the reply is also next round's previous model
+        return FitResult({MODEL: trained}, metrics, {PREVIOUS: trained})

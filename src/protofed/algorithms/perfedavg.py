@@ -31,7 +31,7 @@ Decisions:
 - Forward passes run in train mode, so BatchNorm statistics are updated by each of them.
 - The personalization step needs the client's data, so it runs in `fit`: every round a client
   trains, it also adapts the model it received (one batch drawn with its seeded generator) and
-  keeps the result as its state; the evaluation uses it. A client that never trained is
+  keeps the result as its state (record `"personal"`); the evaluation uses it. A client that never trained is
   evaluated with the global model.
 - ALA plug-in (`algorithm.ala.*`, as the FedALA slides apply it): the local model is the one
   the client trained and sent back last time; the adapted model is then one step from ALA's
@@ -41,19 +41,26 @@ Decisions:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Metrics,
+    Records,
+)
 from protofed.training.loop import batches, cross_entropy, make_optimizer
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+PERSONAL = "personal"  # client state: the adapted model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -160,9 +167,9 @@ class PerFedAvg(Algorithm):
                 p.sub_(self.params.alpha * g)
         return client.weights()
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        personal = self.personalize(client, message) if client.num_examples else {}
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        kept = {PERSONAL: self.personalize(client, message[MODEL])} if client.num_examples else {}
+        client.load(message[MODEL])
         model = client.model
         params = list(model.parameters())
         optimizer = make_optimizer(params, client.train)
@@ -186,13 +193,8 @@ class PerFedAvg(Algorithm):
         metrics: Metrics = {
             "loss": total / max(steps, 1),  # the meta loss f(w_tilde; D'), before each step
             "steps": float(steps),
-            "num_examples": float(client.num_examples),
         }
-        return client.weights(), metrics, personal
+        return FitResult({MODEL: client.weights()}, metrics, kept)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        model, _ = weighted_mean(replies)
-        return model
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else message
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return state[PERSONAL] if PERSONAL in state else message[MODEL]

@@ -25,8 +25,8 @@ Decisions:
   decay do not apply.
 - BatchNorm statistics are updated by theta's forward passes and sent with w (w itself is only
   ever a set of parameters in the method).
-- The personalized model (theta, with those statistics) is kept in the client's state; a
-  client that never trained is evaluated with the global model.
+- The personalized model (theta, with those statistics) is kept in the client's state (record
+  `"personal"`); a client that never trained is evaluated with the global model.
 - ALA plug-in (`algorithm.ala.*`, as the FedALA slides apply it): the local model is the w the
   client trained and sent back last time; theta and w then start from ALA's aggregate.
 """
@@ -34,18 +34,27 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 from torch import nn
 
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Metrics,
+    Records,
+    Reply,
+)
 from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.training.loop import batches, cross_entropy
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+PERSONAL = "personal"  # client state: theta, the personalized model
 
 
 def proximal_steps(
@@ -108,8 +117,8 @@ class PFedMe(Algorithm):
 
     params: Params
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         model = client.model
         params = list(model.parameters())
         local = [p.detach().clone() for p in params]  # w
@@ -130,17 +139,18 @@ class PFedMe(Algorithm):
         theta = client.weights()  # with the running statistics
         names = [n for n, _ in model.named_parameters()]
         reply = {**theta, **dict(zip(names, local, strict=True))}
-        personal = theta if steps else {}
+        kept = {PERSONAL: theta} if steps else {}
         metrics: Metrics = {
             "loss": total / max(steps, 1),  # f(theta; D) at the last inner step of each batch
             "steps": float(steps),
-            "num_examples": float(client.num_examples),
         }
-        return reply, metrics, personal
+        return FitResult({MODEL: reply}, metrics, kept)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
         mean, _ = weighted_mean(replies)
-        return server_mix(server, mean, self.params.beta)
+        return AggregateResult({MODEL: server_mix(server[MODEL], mean[MODEL], self.params.beta)})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else message
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return state[PERSONAL] if PERSONAL in state else message[MODEL]

@@ -52,14 +52,19 @@ Decisions, where the slides and the official code (TsingZ0/FedALA, utils/ALA.py)
 
 The `AdaptiveLocalAggregation` mix-in applies this around any algorithm's `fit` that declares
 which model is its clients' local one (`Algorithm.ala_local`):
-- "reply": the local model is what the client trained and sent back last time (FedAvg,
-  FedProx, FedRep, FedALA). The mix-in keeps the reply in the client's state and
-  hands the algorithm theta_hat in place of the received message. The algorithm's
-  personalized model is built from theta_hat in place of the message (`personalized="hat"`,
-  FedALA's evaluation) or from the model the client trained last (`"trained"`).
-- "state": the local model is the algorithm's own client state (Ditto's personal model). The
-  mix-in hands the algorithm theta_hat in place of that state; the message is left as it is,
-  and the personalized model is the algorithm's own (Ditto's trained v) either way.
+- "reply": the local model is the `"model"` record the client trained and sent back last
+  time (FedAvg, FedProx, FedRep, FedALA). The mix-in keeps it in the client's state and
+  hands the algorithm theta_hat in place of the received message's model. The algorithm's
+  personalized model is built from theta_hat in place of the message's model
+  (`personalized="hat"`, FedALA's evaluation) or from the model the client trained last
+  (`"trained"`).
+- "state": the local model is the algorithm's own client state record `"personal"` (Ditto's
+  personal model). The mix-in hands the algorithm theta_hat in place of that record; the
+  message is left as it is, and the personalized model is the algorithm's own (Ditto's
+  trained v) either way.
+
+ALA keeps its own state in two records of the client's state, `"ala.weights"` (W) and, for
+"reply" algorithms, `"ala.local"` (the local model); the algorithm sees only its own records.
 """
 
 from __future__ import annotations
@@ -74,9 +79,18 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.common.aggregation import prefixed, unprefixed
+from protofed.algorithms.base import (
+    MODEL,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Metrics,
+    Records,
+    Setting,
+)
 from protofed.algorithms.common.split import is_head
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Setting
 from protofed.errors import ConfigError
 from protofed.training.loop import batches
 
@@ -84,12 +98,12 @@ if TYPE_CHECKING:
     from collections.abc import Container
 
     from protofed.models.base import FedModel
-    from protofed.training.client import Client
 
 ALA_KEY = "ala"  # the `algorithm.ala.*` section
-WEIGHTS = "ala.weight."  # client state: W, one tensor per top-layer parameter
-LOCAL = "ala.local."  # client state ("reply" algorithms): the client's last trained reply
-OWN = "ala."  # every key ALA adds to a client's state starts with this
+WEIGHTS = "ala.weights"  # client state record: W, one tensor per top-layer parameter
+LOCAL = "ala.local"  # client state record ("reply" algorithms): the model it trained last
+OWN = (WEIGHTS, LOCAL)  # the records ALA adds to a client's state
+PERSONAL = "personal"  # client state record of "state" algorithms: their local model
 WINDOW = 10  # the start phase looks at the std of the last WINDOW epoch losses
 MODES = ("reply", "state")
 EMBED_CHUNK = 128  # samples embedded at once when only the head is covered
@@ -243,7 +257,7 @@ def train_weights(
             if len(losses) >= settings.max_start_epochs:
                 capped = True
                 warnings.warn(
-                    f"ALA start phase of client {client.id} (round {client.round}) reached "
+                    f"ALA start phase of client {client.id} (round {client.server_round}) reached "
                     f"max_start_epochs={settings.max_start_epochs} before the std of the last "
                     f"{WINDOW} losses fell below threshold={settings.threshold}",
                     RuntimeWarning,
@@ -293,12 +307,12 @@ def adapt(
 
 
 # the plug-in ------------------------------------------------------------------------------
-def split_state(state: Arrays) -> tuple[Arrays, Arrays]:
-    """(ALA's own keys, the algorithm's state)."""
-    own: Arrays = {}
-    inner: Arrays = {}
-    for name, tensor in state.items():
-        (own if name.startswith(OWN) else inner)[name] = tensor
+def split_state(state: Records) -> tuple[Records, Records]:
+    """(ALA's own records, the algorithm's state)."""
+    own: Records = {}
+    inner: Records = {}
+    for name, arrays in state.items():
+        (own if name in OWN else inner)[name] = arrays
     return own, inner
 
 
@@ -318,46 +332,52 @@ class AdaptiveLocalAggregation(Algorithm):
         self.ala = ala
 
     def initialise(
-        self, client: Client, message: Arrays, state: Arrays
-    ) -> tuple[Arrays, Arrays, Arrays, Metrics]:
+        self, client: Client, message: Records, state: Records
+    ) -> tuple[Records, Records, Arrays, Metrics]:
         """ALA for one client: (message, algorithm state) with theta_hat in place of the
         local model, the W to keep, and ALA's metrics. What the algorithm's `fit` starts from."""
         own, inner = split_state(state)
-        weights = unprefixed(own, WEIGHTS)
+        weights = own.get(WEIGHTS, {})
         by_reply = self.ala_local == "reply"
-        local = unprefixed(own, LOCAL) if by_reply else inner
+        local = own.get(LOCAL) if by_reply else inner.get(PERSONAL)
         if not local:
             return message, inner, weights, {}
         base = super()
 
         def assemble(hat: Arrays) -> Arrays:  # the complete model the algorithm would use
             if by_reply:
-                return base.client_model({**message, **hat}, inner)
-            return base.client_model(message, hat)
+                return base.client_model(with_model(message, hat), inner)
+            return base.client_model(message, {**inner, PERSONAL: hat})
 
-        hat, weights, metrics = adapt(client, message, local, weights, self.ala, assemble)
+        hat, weights, metrics = adapt(client, message[MODEL], local, weights, self.ala, assemble)
         if by_reply:
-            return {**message, **hat}, inner, weights, metrics
-        return message, hat, weights, metrics
+            return with_model(message, hat), inner, weights, metrics
+        return message, {**inner, PERSONAL: hat}, weights, metrics
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         message, inner, weights, ala_metrics = self.initialise(client, message, state)
-        reply, metrics, new_inner = super().fit(client, message, inner)
-        metrics.update(ala_metrics)
-        new_state = dict(new_inner)
+        result = super().fit(client, message, inner)
+        result.metrics.update(ala_metrics)
+        new_state = dict(result.state)
         if self.ala_local == "reply":
-            new_state.update(prefixed(reply, LOCAL))  # shared with the reply, never modified
-        new_state.update(prefixed(weights, WEIGHTS))
-        return reply, metrics, new_state
+            new_state[LOCAL] = result.reply[MODEL]  # shared with the reply, never modified
+        if weights:
+            new_state[WEIGHTS] = weights
+        return FitResult(result.reply, result.metrics, new_state)
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+    def client_model(self, message: Records, state: Records) -> Arrays:
         own, inner = split_state(state)
         if self.ala_local == "reply":
-            local = unprefixed(own, LOCAL)
+            local = own.get(LOCAL, {})
             if local and self.ala.personalized == "hat":
-                local = combine(message, local, unprefixed(own, WEIGHTS))
-            return super().client_model({**message, **local}, inner)
+                local = combine(message[MODEL], local, own.get(WEIGHTS, {}))
+            return super().client_model(with_model(message, local), inner)
         return super().client_model(message, inner)
+
+
+def with_model(message: Records, arrays: Arrays) -> Records:
+    """`message` with `arrays` in place of the same names of its model record."""
+    return {**message, MODEL: {**message[MODEL], **arrays}}
 
 
 @functools.cache

@@ -1,26 +1,22 @@
 """Body shared, head local: the mechanics of FedPer, FedRep (and FedBABU, FedRoD).
 
 Every `FedModel` names its tensors `features.*` (the body, or representation) and `head.*`
-(the classifier). Methods that personalize the head send and average only the body and keep
-each client's head in its state. The split is by the first name component, for parameters
-and buffers alike (a BatchNorm's running statistics go with the part their module belongs
-to); anything not under `head.` counts as body, so nothing is silently dropped.
+(the classifier). Methods that personalize the head send and average only the body (as their
+`"model"` record) and keep each client's head in its state (the record `"head"`). The split
+is by the first name component, for parameters and buffers alike (a BatchNorm's running
+statistics go with the part their module belongs to); anything not under `head.` counts as
+body, so nothing is silently dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from torch import nn
 
-from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Reply
+from protofed.algorithms.base import MODEL, Algorithm, Arrays, Client, Records
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-HEAD = "head"
+HEAD = "head"  # the classifier's module name, and the client-state record of a local head
 
 
 def is_head(name: str) -> bool:
@@ -66,38 +62,36 @@ def body_parameters(model: nn.Module) -> list[nn.Parameter]:
 class HeadLocalAlgorithm(Algorithm):
     """Base for methods whose server holds only the body and whose clients keep their heads.
 
-    The server state and every message are the body; replies are the trained body, averaged
-    by sample count; the client state is the client's head (the initial head before its first
+    The server state, every message and every reply hold the body as their `"model"` record
+    (the replies' bodies are averaged by sample count, the default `aggregate`); the client
+    state holds the client's head as the record `"head"` (the initial head before its first
     round). The personalized model is the received body plus the client's head. There is no
-    global model: a body without a head cannot classify. Subclasses write `fit` with
-    `start` (load body + head into the workspace) and `finish` (split what was trained).
+    global model: a body without a head cannot classify. Subclasses write `fit` with `start`
+    (load body + head into the workspace) and `finish` (the reply and the state to keep).
     """
 
     has_global_model = False
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         body, _ = split_arrays(self.setting.init_model)
-        return dict(body)
+        return {MODEL: dict(body)}
 
-    def local_head(self, state: Arrays) -> Arrays:
+    def local_head(self, state: Records) -> Arrays:
         """The client's head: from its state, or the initial head if it never trained."""
-        if state:
-            return state
+        if HEAD in state:
+            return state[HEAD]
         _, head = split_arrays(self.setting.init_model)
         return head
 
-    def start(self, client: Client, message: Arrays, state: Arrays) -> None:
+    def start(self, client: Client, message: Records, state: Records) -> None:
         """Load the received body and the client's own head into the workspace model."""
-        client.load(message)
+        client.load(message[MODEL])
         client.load(self.local_head(state))
 
-    def finish(self, client: Client) -> tuple[Arrays, Arrays]:
-        """(body to send, head to keep), copied out of the workspace model."""
-        return split_arrays(client.weights())
+    def finish(self, client: Client) -> tuple[Records, Records]:
+        """(reply: the body, state: the head), copied out of the workspace model."""
+        body, head = split_arrays(client.weights())
+        return {MODEL: body}, {HEAD: head}
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        body, _ = weighted_mean(replies)
-        return body
-
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return {**message, **self.local_head(state)}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**message[MODEL], **self.local_head(state)}
