@@ -27,17 +27,13 @@ from pathlib import Path
 
 import torch
 
-from protofed.algorithms import Reply
 from protofed.config import load_config
-from protofed.training.client import Client
 from protofed.core.seeding import torch_generator
-from protofed.runtime.simulation import prepare
+from protofed.core.types import Reply, nbytes
+from protofed.runtime import prepare
+from protofed.training.client import Client
 
 CONFIG = "configs/fedali_uci_har_natural.yaml"
-
-
-def nbytes(arrays: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in arrays.values())
 
 
 def setup(name: str, data_dir: str, epochs: int, device: str, config: str = CONFIG):
@@ -48,17 +44,18 @@ def setup(name: str, data_dir: str, epochs: int, device: str, config: str = CONF
     return prepare(load_config(config, overrides))
 
 
-def timed_fit(prep, cid: int, round: int) -> tuple[float, dict, dict, dict]:
+def timed_fit(prep, cid: int, server_round: int) -> tuple[float, dict, dict, dict]:
     algo, model = prep.algorithm, prep.model
     server = algo.init_server()
-    message = algo.configure(server, cid, round)
-    client = Client(cid, prep.fed.clients[cid], model, prep.cfg.train, round, torch_generator(0, round, cid))
+    message = algo.configure(server, cid, server_round)
+    client = Client(cid, prep.fed.clients[cid], model, prep.cfg.train, server_round,
+                    torch_generator(0, server_round, cid))
     sync = torch.cuda.synchronize if model_device(model).type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    reply, metrics, state = algo.fit(client, message, {})
+    result = algo.fit(client, message, {})
     sync()
-    return time.perf_counter() - t0, message, reply, state
+    return time.perf_counter() - t0, message, result.reply, result.state
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -89,7 +86,7 @@ def main() -> None:
             info[name] = {
                 "down_bytes": nbytes(message),
                 "up_bytes": nbytes(reply),
-                "model_bytes": nbytes(model.state_dict()),
+                "model_bytes": nbytes({"model": model.state_dict()}),
                 "trainable_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                 "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             }
@@ -128,8 +125,7 @@ def kmeans_time(prep, clients: int) -> dict:
     kmeans = {}
     for iters in (10, 300):
         algo.params = algo.params.model_copy(update={"kmeans_iters": iters})
-        stream = (Reply(i, dict(replies[i % distinct]), {"num_examples": 100.0 + i})
-                  for i in range(clients))
+        stream = (Reply(i, dict(replies[i % distinct]), {}, 100.0 + i) for i in range(clients))
         t0 = time.perf_counter()
         algo.aggregate(server, stream, 2)
         kmeans[f"kmeans_iters_{iters}_s"] = time.perf_counter() - t0

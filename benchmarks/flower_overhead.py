@@ -32,8 +32,8 @@ import psutil
 import torch
 
 from protofed.config import load_config
-from protofed.flower.engine import FlowerSimulation
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.flower.engine import run_simulation_loop, simulation_loop
+from protofed.runtime import prepare, simulate
 
 COMMON = [
     "data.name=uci_har", "data.partition=natural", "data.channels=default", "model.name=cnn1d",
@@ -64,7 +64,7 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
     cfg = load_config(None, [*COMMON, *extra, f"train.rounds={rounds}", f"data.dir={data_dir}"])
     t0 = time.perf_counter()
     prepared = prepare(cfg)
-    sim = (FlowerSimulation if engine == "flower" else Simulation)(prepared)
+    sim = (simulation_loop if engine == "flower" else simulate)(prepared)
     setup_s = time.perf_counter() - t0
     per_round: list[dict] = []
     marks = [(time.perf_counter(), cpu_seconds())]
@@ -77,7 +77,8 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
         marks.append((now, cpu))
 
     t1 = time.perf_counter()
-    summary = sim.run(on_round=on_round)
+    summary = (run_simulation_loop(sim, on_round) if engine == "flower"
+               else sim.run(on_round=on_round))
     wall = time.perf_counter() - t1
     steady = per_round[1:] or per_round  # round 1 carries Flower's start-up
     n = len(steady)

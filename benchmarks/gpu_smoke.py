@@ -25,7 +25,7 @@ import torch
 
 from protofed.algorithms import ALGORITHMS
 from protofed.config import load_config
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.runtime import prepare, simulate
 
 MODEL = {
     "fedbn": ["model.name=cnn1dbn"],
@@ -44,7 +44,7 @@ def run(name: str, device: str, data_dir: str, rounds: int) -> dict:
         "eval.generalization=false", f"algorithm.name={name}", f"train.device={device}",
     ])
     t0 = time.perf_counter()
-    summary = Simulation(prepare(cfg)).run()
+    summary = simulate(prepare(cfg)).run()
     final = summary["final"]
     acc = final["personalization"]["acc"]
     glob = final["global"]["acc"] if final["global"] else None

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from protofed.config import load_config
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.runtime import prepare, simulate
 
 
 def one(algorithm: str) -> dict:
@@ -27,11 +27,12 @@ def one(algorithm: str) -> dict:
         "eval.generalization=false",
     ])
     proc = psutil.Process()
-    sim = Simulation(prepare(cfg))
+    sim = simulate(prepare(cfg))
     before = proc.memory_info().rss
     sim.run()
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
-    state_bytes = sum(t.numel() * t.element_size() for s in sim.states.values() for t in s.values())
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
+    state_bytes = sum(t.numel() * t.element_size() for s in sim.transport.states.values()
+                      for r in s.values() for t in r.values())
     return {
         "algorithm": algorithm,
         "clients": 1000,

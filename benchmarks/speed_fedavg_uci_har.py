@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from protofed.config import load_config
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.runtime import prepare, simulate
 
 CONFIGS = {
     "a_cnn1d_6ch_b64": [
@@ -43,7 +43,7 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
         None, [*COMMON, *overrides, f"train.rounds={rounds}", f"data.dir={data_dir}", f"seed={seed}"]
     )
     t0 = time.perf_counter()
-    sim = Simulation(prepare(cfg))
+    sim = simulate(prepare(cfg))
     setup_s = time.perf_counter() - t0
     per_round = []
 
