@@ -170,10 +170,8 @@ def test_the_loop_is_composed_and_checkpoints_where_it_owns_the_states(tmp_path)
     loop = RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport))
     assert loop.checkpoints and loop.run()["engine"] == "builtin"
 
-    class Elsewhere(InProcessTransport):  # a transport whose client states live elsewhere
-        states = None
-
-    other = Elsewhere(prepared)
+    other = InProcessTransport(prepared)
+    other.states = None  # as a transport whose client states live elsewhere (Flower's)
     loop = RoundLoop(prepared, other, ServerSideEvaluation(prepared, other))
     assert not loop.checkpoints
 
