@@ -16,17 +16,23 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
+from protofed.algorithms import ALGORITHMS, MODEL, Algorithm, Arrays, Records, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss, squared_distance
+from protofed.algorithms.centralized import Centralized
+from protofed.algorithms.common.ala import PERSONAL
+from protofed.algorithms.common.regularizers import (
+    parameter_snapshot,
+    proximal_loss,
+    squared_distance,
+)
 from protofed.algorithms.common.split import (
+    HEAD,
     body_names,
     body_parameters,
     head_names,
     head_parameters,
     split_arrays,
 )
-from protofed.algorithms.centralized import Centralized
 from protofed.algorithms.ditto import Ditto
 from protofed.algorithms.fedavg import FedAvg
 from protofed.algorithms.fedper import FedPer
@@ -75,7 +81,7 @@ def make_client(data: ClientData, model: FedModel, cid: int = 0, train: TrainCon
     from protofed.training.client import Client
 
     gen = torch.Generator().manual_seed(1234 + cid)
-    return Client(id=cid, data=data, model=model, train=train, round=1, generator=gen)
+    return Client(id=cid, data=data, model=model, train=train, server_round=1, generator=gen)
 
 
 def build(cls: type[Algorithm], setting: Setting, **params) -> Algorithm:
@@ -89,6 +95,10 @@ def distance(a: Arrays, b: Arrays, names=None) -> float:
 
 def equal(a: Arrays, b: Arrays) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def equal_records(a: Records, b: Records) -> bool:
+    return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
 
 
 def param_names(model: nn.Module) -> list[str]:
@@ -214,27 +224,29 @@ def test_local_never_communicates_and_keeps_its_model(clients_data) -> None:
     assert message == {} and server == {}
     assert equal(algo.client_model(message, {}), setting.init_model)  # never trained
 
-    arrays, metrics, state = algo.fit(make_client(clients_data[0], model), message, {})
-    assert arrays == {}
-    assert metrics["num_examples"] == len(clients_data[0].train_y) and metrics["loss"] > 0
-    assert state.keys() == setting.init_model.keys()
-    assert distance(state, setting.init_model) > 0
-    assert equal(algo.client_model({}, state), state)
+    out = algo.fit(make_client(clients_data[0], model), message, {})
+    assert out.reply == {}
+    assert "num_examples" not in out.metrics and out.metrics["loss"] > 0  # the engine's
+    state = out.state
+    assert state.keys() == {MODEL} and state[MODEL].keys() == setting.init_model.keys()
+    assert distance(state[MODEL], setting.init_model) > 0
+    assert equal(algo.client_model({}, state), state[MODEL])
     assert algo.global_model(server) is None
 
     # the next round starts from the state, not from what the workspace holds
     model.load_state_dict(make_model(seed=7).state_dict())
-    _, _, state2 = algo.fit(make_client(clients_data[0], model), {}, state)
-    assert distance(state2, state) < distance(state2, setting.init_model)
+    state2 = algo.fit(make_client(clients_data[0], model), {}, state).state[MODEL]
+    assert distance(state2, state[MODEL]) < distance(state2, setting.init_model)
 
     consumed = []
 
     def replies() -> Iterator[Reply]:
         for i in range(2):
             consumed.append(i)
-            yield Reply(i, {}, {"num_examples": 1.0})
+            yield Reply(i, {}, {}, 1.0)
 
-    assert algo.aggregate(server, replies(), 1) is server
+    result = algo.aggregate(server, replies(), 1)
+    assert result.server is server and result.metrics == {}
     assert consumed == [0, 1]  # the lazy round was driven to the end
 
 
@@ -246,13 +258,16 @@ def test_centralized_trains_one_model_from_the_message(clients_data) -> None:
     server = algo.init_server()
     message = algo.configure(server, -1, 1)
     model.load_state_dict(make_model(seed=3).state_dict())  # stale workspace
-    arrays, metrics, state = algo.fit(make_client(clients_data[0], model, cid=-1), message, {})
-    assert state == {} and arrays.keys() == server.keys()
-    assert 0 < distance(arrays, server) < distance(arrays, make_model(seed=3).state_dict())
-    new = algo.aggregate(server, iter([Reply(-1, arrays, metrics)]), 1)
-    assert equal(new, arrays)
-    assert equal(algo.global_model(new), new)
-    assert equal(algo.client_model(algo.configure(new, 0, 2), {}), new)
+    out = algo.fit(make_client(clients_data[0], model, cid=-1), message, {})
+    arrays = out.reply[MODEL]
+    assert out.state == {} and out.reply.keys() == server.keys() == {MODEL}
+    assert arrays.keys() == server[MODEL].keys()
+    assert 0 < distance(arrays, server[MODEL]) < distance(arrays, make_model(seed=3).state_dict())
+    n = float(len(clients_data[0].train_y))
+    new = algo.aggregate(server, iter([Reply(-1, out.reply, out.metrics, n)]), 1).server
+    assert equal_records(new, out.reply)
+    assert equal(algo.global_model(new), new[MODEL])
+    assert equal(algo.client_model(algo.configure(new, 0, 2), {}), new[MODEL])
 
 
 # aggregation: 1:3 weighted means -------------------------------------------------------------
@@ -261,18 +276,19 @@ def test_aggregate_is_the_sample_weighted_mean(cls) -> None:
     model = make_model()
     algo = build(cls, setting_for(model))
     server = algo.init_server()
+    assert server.keys() == {MODEL}
     if cls in PERSONAL_HEAD:
-        assert set(server) == set(body_names(model)) and not head_names(server)
+        assert set(server[MODEL]) == set(body_names(model)) and not head_names(server[MODEL])
     else:
-        assert server.keys() == model.state_dict().keys()
+        assert server[MODEL].keys() == model.state_dict().keys()
     gen = torch.Generator().manual_seed(5)
-    a = {k: torch.randn(v.shape, generator=gen) for k, v in server.items()}
-    b = {k: torch.randn(v.shape, generator=gen) for k, v in server.items()}
-    replies = [Reply(0, a, {"num_examples": 1.0}), Reply(1, b, {"num_examples": 3.0})]
-    new = algo.aggregate(server, iter(replies), 1)
-    assert new.keys() == server.keys()
-    for k in server:
-        torch.testing.assert_close(new[k], (a[k] + 3 * b[k]) / 4)
+    a = {k: torch.randn(v.shape, generator=gen) for k, v in server[MODEL].items()}
+    b = {k: torch.randn(v.shape, generator=gen) for k, v in server[MODEL].items()}
+    replies = [Reply(0, {MODEL: a}, {}, 1.0), Reply(1, {MODEL: b}, {}, 3.0)]
+    new = algo.aggregate(server, iter(replies), 1).server
+    assert new.keys() == server.keys() and new[MODEL].keys() == server[MODEL].keys()
+    for k in server[MODEL]:
+        torch.testing.assert_close(new[MODEL][k], (a[k] + 3 * b[k]) / 4)
 
 
 # FedProx ------------------------------------------------------------------------------------
@@ -280,27 +296,23 @@ def test_fedprox_mu_zero_is_fedavg(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
     message = FedAvg(FedAvg.Params(), setting).init_server()
-    ref, _, _ = FedAvg(FedAvg.Params(), setting).fit(
-        make_client(clients_data[0], model), message, {}
-    )
-    out, metrics, state = build(FedProx, setting, mu=0.0).fit(
-        make_client(clients_data[0], model), message, {}
-    )
-    assert equal(out, ref) and state == {}
-    assert metrics["num_examples"] == len(clients_data[0].train_y)
+    ref = FedAvg(FedAvg.Params(), setting).fit(make_client(clients_data[0], model), message, {})
+    out = build(FedProx, setting, mu=0.0).fit(make_client(clients_data[0], model), message, {})
+    assert equal_records(out.reply, ref.reply) and out.state == {}
+    assert out.metrics == ref.metrics and "num_examples" not in out.metrics
 
 
 def test_fedprox_large_mu_stays_near_the_global_model(clients_data) -> None:
     train = TrainConfig(local_epochs=3, batch_size=32, lr=0.05)
     model = make_model()
     setting = setting_for(model, train)
-    message = setting.init_model
+    message = {MODEL: setting.init_model}
     names = param_names(model)
     moved = {}
     for mu in (0.0, 10.0):  # lr * mu = 0.5: a strong but stable pull
         algo = build(FedProx, setting, mu=mu)
-        out, _, _ = algo.fit(make_client(clients_data[0], model, train=train), message, {})
-        moved[mu] = distance(out, message, names)
+        out = algo.fit(make_client(clients_data[0], model, train=train), message, {})
+        moved[mu] = distance(out.reply[MODEL], message[MODEL], names)
     assert 0 < moved[10.0] < 0.5 * moved[0.0]
 
 
@@ -313,52 +325,58 @@ def test_head_stays_local_body_is_shared(cls, clients_data) -> None:
     body_keys, head_keys = set(body_names(model)), set(head_names(model))
     init_body, init_head = split_arrays(setting.init_model)
 
-    message = split_arrays(clone(make_model(seed=1).state_dict()))[0]  # another global body
+    body = split_arrays(clone(make_model(seed=1).state_dict()))[0]  # another global body
+    message = {MODEL: body}
     garbage = clone(make_model(seed=2).state_dict())
-    assert algo.configure(algo.init_server(), 0, 1).keys() == body_keys
+    sent = algo.configure(algo.init_server(), 0, 1)
+    assert sent.keys() == {MODEL} and sent[MODEL].keys() == body_keys
     model.load_state_dict(garbage)  # whatever the workspace last held must not matter
-    arrays, metrics, state = algo.fit(make_client(clients_data[0], model), message, {})
+    out = algo.fit(make_client(clients_data[0], model), message, {})
+    arrays = out.reply[MODEL]
 
+    assert out.reply.keys() == {MODEL}
     assert set(arrays) == body_keys and all(n.startswith("features.") for n in arrays)
-    assert set(state) == head_keys
-    assert metrics["num_examples"] == len(clients_data[0].train_y) and metrics["loss"] > 0
+    assert out.state.keys() == {HEAD} and set(out.state[HEAD]) == head_keys
+    head = out.state[HEAD]
+    assert "num_examples" not in out.metrics and out.metrics["loss"] > 0
     # the received body was trained, not the initial or the stale one
-    assert distance(arrays, message) < distance(arrays, init_body)
-    assert distance(arrays, message) < distance(arrays, garbage, body_keys)
+    assert distance(arrays, body) < distance(arrays, init_body)
+    assert distance(arrays, body) < distance(arrays, garbage, body_keys)
     # the head started from the initial head (no state yet) and was trained
-    assert 0 < distance(state, init_head) < distance(state, garbage, head_keys)
+    assert 0 < distance(head, init_head) < distance(head, garbage, head_keys)
 
     # next round: the head comes from the state
     own_head = split_arrays(clone(make_model(seed=4).state_dict()))[1]
-    _, _, state2 = algo.fit(make_client(clients_data[0], model), message, own_head)
-    assert distance(state2, own_head) < distance(state2, init_head)
+    head2 = algo.fit(make_client(clients_data[0], model), message, {HEAD: own_head}).state[HEAD]
+    assert distance(head2, own_head) < distance(head2, init_head)
 
-    personal = algo.client_model(message, state)
-    assert equal(personal, {**message, **state})
-    assert equal(algo.client_model(message, {}), {**message, **init_head})
+    personal = algo.client_model(message, out.state)
+    assert equal(personal, {**body, **head})
+    assert equal(algo.client_model(message, {}), {**body, **init_head})
     assert algo.global_model(algo.init_server()) is None
 
 
 def test_fedrep_head_phase_leaves_the_body_unchanged(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
-    message, init_head = split_arrays(setting.init_model)
+    body, init_head = split_arrays(setting.init_model)
+    message = {MODEL: body}
 
     head_only = build(FedRep, setting, head_epochs=2, body_epochs=0)
-    arrays, metrics, state = head_only.fit(make_client(clients_data[0], model), message, {})
-    assert equal(arrays, message)  # body frozen: bit-for-bit what was received
-    assert distance(state, init_head) > 0
+    out = head_only.fit(make_client(clients_data[0], model), message, {})
+    assert equal_records(out.reply, message)  # body frozen: bit-for-bit what was received
+    assert distance(out.state[HEAD], init_head) > 0
     steps_per_epoch = math.ceil(len(clients_data[0].train_y) / TRAIN.batch_size)
-    assert metrics["steps"] == 2 * steps_per_epoch
+    assert out.metrics["steps"] == 2 * steps_per_epoch
 
     body_only = build(FedRep, setting, head_epochs=0, body_epochs=1)
-    arrays, metrics, state = body_only.fit(make_client(clients_data[0], model), message, {})
-    assert equal(state, init_head)  # head frozen
-    assert distance(arrays, message) > 0
-    assert metrics["steps"] == steps_per_epoch
+    out = body_only.fit(make_client(clients_data[0], model), message, {})
+    assert equal_records(out.state, {HEAD: init_head})  # head frozen
+    assert distance(out.reply[MODEL], body) > 0
+    assert out.metrics["steps"] == steps_per_epoch
 
     both = build(FedRep, setting)  # paper default: 10 head epochs, then local_epochs body
-    _, metrics, _ = both.fit(make_client(clients_data[0], model), message, {})
+    metrics = both.fit(make_client(clients_data[0], model), message, {}).metrics
     assert metrics["steps"] == (10 + TRAIN.local_epochs) * steps_per_epoch
     assert {"head_loss", "body_loss", "loss"} <= set(metrics)
 
@@ -368,43 +386,43 @@ def test_fedper_with_batchnorm_shares_body_buffers(clients_data) -> None:
     model = TinyBN()
     algo = build(FedPer, setting_for(model))
     message = algo.init_server()
-    assert "features.2.running_mean" in message
-    arrays, _, state = algo.fit(make_client(clients_data[0], model), message, {})
-    assert "features.2.running_var" in arrays and set(state) == {"head.weight", "head.bias"}
-    assert distance(arrays, message, ["features.2.running_mean"]) > 0
+    assert "features.2.running_mean" in message[MODEL]
+    out = algo.fit(make_client(clients_data[0], model), message, {})
+    assert "features.2.running_var" in out.reply[MODEL]
+    assert out.state.keys() == {HEAD} and set(out.state[HEAD]) == {"head.weight", "head.bias"}
+    assert distance(out.reply[MODEL], message[MODEL], ["features.2.running_mean"]) > 0
 
 
 # Ditto --------------------------------------------------------------------------------------
 def test_ditto_global_update_is_fedavg_and_personal_model_is_pulled(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
-    message = clone(make_model(seed=1).state_dict())
-    ref, _, _ = FedAvg(FedAvg.Params(), setting).fit(
-        make_client(clients_data[0], model), message, {}
-    )
+    glob = clone(make_model(seed=1).state_dict())
+    message = {MODEL: glob}
+    ref = FedAvg(FedAvg.Params(), setting).fit(make_client(clients_data[0], model), message, {})
     names = param_names(model)
 
     moved = {}
     for lam in (0.0, 10.0):  # lr * lam = 0.5
         algo = build(Ditto, setting, lam=lam, personal_epochs=3)
-        reply, metrics, state = algo.fit(make_client(clients_data[0], model), message, {})
-        assert equal(reply, ref)  # the global part is exactly FedAvg's update
-        assert state.keys() == message.keys()
-        assert {"personal_loss", "num_examples"} <= set(metrics)
-        moved[lam] = distance(state, message, names)
-        assert equal(algo.client_model(message, state), state)
+        out = algo.fit(make_client(clients_data[0], model), message, {})
+        assert equal_records(out.reply, ref.reply)  # the global part is exactly FedAvg's update
+        assert out.state.keys() == {PERSONAL} and out.state[PERSONAL].keys() == glob.keys()
+        assert "personal_loss" in out.metrics and "num_examples" not in out.metrics
+        moved[lam] = distance(out.state[PERSONAL], glob, names)
+        assert equal(algo.client_model(message, out.state), out.state[PERSONAL])
     assert 0 < moved[10.0] < 0.5 * moved[0.0]
 
     algo = build(Ditto, setting)
-    assert equal(algo.client_model(message, {}), message)  # never trained: the global model
-    assert equal(algo.global_model(message), message)
+    assert equal(algo.client_model(message, {}), glob)  # never trained: the global model
+    assert equal(algo.global_model(message), glob)
 
     # next round: the personal model continues from the state
     own = clone(make_model(seed=6).state_dict())
-    _, _, state2 = build(Ditto, setting, lam=0.0).fit(
-        make_client(clients_data[0], model), message, own
-    )
-    assert distance(state2, own, names) < distance(state2, message, names)
+    state2 = build(Ditto, setting, lam=0.0).fit(
+        make_client(clients_data[0], model), message, {PERSONAL: own}
+    ).state[PERSONAL]
+    assert distance(state2, own, names) < distance(state2, glob, names)
 
 
 # every baseline: replies and states are copies, not views of the workspace -----------------
@@ -415,18 +433,22 @@ def test_replies_and_states_do_not_alias_the_workspace(name: str, clients_data) 
     cls = ALGORITHMS[name]
     algo = build(cls, setting, head_epochs=1) if cls is FedRep else build(cls, setting)
     message = algo.configure(algo.init_server(), 0, 1)
-    arrays, metrics, state = algo.fit(make_client(clients_data[1], model, cid=1), message, {})
-    snapshot = (clone(arrays), clone(state))
-    assert metrics["num_examples"] == len(clients_data[1].train_y)
-    assert all(isinstance(v, float) for v in metrics.values())
+    out = algo.fit(make_client(clients_data[1], model, cid=1), message, {})
+    snapshot = ({k: clone(v) for k, v in out.reply.items()},
+                {k: clone(v) for k, v in out.state.items()})
+    assert "num_examples" not in out.metrics  # the engine stamps the reply with it
+    assert all(isinstance(v, float) for v in out.metrics.values())
     with torch.no_grad():
         for t in model.state_dict().values():
             if t.is_floating_point():
                 t.fill_(7.0)
             else:
                 t.zero_()
-    assert equal(arrays, snapshot[0]) and equal(state, snapshot[1])
-    assert all(not t.requires_grad for t in [*arrays.values(), *state.values()])
+    assert equal_records(out.reply, snapshot[0]) and equal_records(out.state, snapshot[1])
+    assert all(
+        not t.requires_grad
+        for records in (out.reply, out.state) for arrays in records.values() for t in arrays.values()
+    )
 
 
 def test_frozen_batchnorm_keeps_its_statistics():
@@ -451,12 +473,12 @@ def test_frozen_batchnorm_keeps_its_statistics():
 
 def test_weighted_mean_never_writes_into_a_reply():
     """The running sum is float64: a float64 reply must be copied, not scaled in place."""
-    from protofed.algorithms.common.aggregation import weighted_mean
     from protofed.algorithms.base import Reply
+    from protofed.algorithms.common.aggregation import weighted_mean
 
     for dtype in (torch.float32, torch.float64):
         first, second = torch.ones(3, dtype=dtype), torch.zeros(3, dtype=dtype)
-        mean, _ = weighted_mean([Reply(0, {"w": first}, {"num_examples": 3.0}),
-                                 Reply(1, {"w": second}, {"num_examples": 1.0})])
-        assert torch.equal(mean["w"], torch.full((3,), 0.75))
+        mean, _ = weighted_mean([Reply(0, {"r": {"w": first}}, {}, 3.0),
+                                 Reply(1, {"r": {"w": second}}, {}, 1.0)])
+        assert torch.equal(mean["r"]["w"], torch.full((3,), 0.75))
         assert torch.equal(first, torch.ones(3, dtype=dtype))

@@ -14,15 +14,15 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.func import functional_call
 
-from protofed.algorithms import ALGORITHMS, Algorithm, Arrays, Reply, Setting
+from protofed.algorithms import ALGORITHMS, MODEL, Algorithm, Arrays, Records, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms.common.ala import OWN, AdaptiveLocalAggregation
-from protofed.algorithms.common.split import body_names, split_arrays
-from protofed.algorithms.apfl import APFL
+from protofed.algorithms.apfl import ALPHA, APFL, BUFFERS
+from protofed.algorithms.common.ala import OWN, PERSONAL, WEIGHTS, AdaptiveLocalAggregation
+from protofed.algorithms.common.split import HEAD, body_names, split_arrays
 from protofed.algorithms.fedbabu import FedBABU
-from protofed.algorithms.fedbn import FedBN, batchnorm_names
+from protofed.algorithms.fedbn import BATCHNORM, FedBN, batchnorm_names
 from protofed.algorithms.fedrod import FedRoD, balanced_softmax_loss, fedrod_loss, log_prior
-from protofed.algorithms.moon import MOON, model_contrastive_loss
+from protofed.algorithms.moon import MOON, PREVIOUS, model_contrastive_loss
 from protofed.algorithms.perfedavg import PerFedAvg, batch_groups, meta_gradient
 from protofed.algorithms.pfedme import PFedMe, proximal_steps, server_mix
 from protofed.config import ModelConfig, TrainConfig, load_config
@@ -30,9 +30,10 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
+from protofed.runtime import prepare, simulate
 from protofed.training.client import Client
-from protofed.runtime.simulation import Simulation, prepare
 
+# PERSONAL ("personal"): the client-state record of a personalized model, in every method here
 NAMES = ["moon", "fedbn", "fedrod", "fedbabu", "apfl", "perfedavg", "pfedme"]
 NUM_CLASSES = 10
 TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
@@ -82,7 +83,7 @@ def make_client(
     data: ClientData, model: FedModel, cid: int = 0, train: TrainConfig = TRAIN, seed: int = 99
 ) -> Client:
     gen = torch.Generator().manual_seed(seed + cid)
-    return Client(id=cid, data=data, model=model, train=train, round=1, generator=gen)
+    return Client(id=cid, data=data, model=model, train=train, server_round=1, generator=gen)
 
 
 def build(cls: type[Algorithm], setting: Setting, **params) -> Algorithm:
@@ -91,6 +92,10 @@ def build(cls: type[Algorithm], setting: Setting, **params) -> Algorithm:
 
 def equal(a: Arrays, b: Arrays) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def equal_records(a: Records, b: Records) -> bool:
+    return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
 
 
 def distance(a: Arrays, b: Arrays, names=None) -> float:
@@ -155,18 +160,17 @@ def test_moon_pulls_the_local_representation_to_the_global_one(clients_data) -> 
     train = TrainConfig(local_epochs=3, batch_size=32, lr=0.05)
     model = make_model()
     setting = setting_for(model, train)
-    message = clone(setting.init_model)
+    message = {MODEL: clone(setting.init_model)}
     plain = build(MOON, setting, mu=0.0)
     # the client's previous model: the global one after local training elsewhere (seed 1)
-    _, _, previous = plain.fit(make_client(clients_data[1], model, train=train), message, {})
+    previous = plain.fit(make_client(clients_data[1], model, train=train), message, {}).state
     # first round without a previous model: exactly FedAvg; the state is the reply
     fedavg = ALGORITHMS["fedavg"](ALGORITHMS["fedavg"].Params(), setting)
-    ref, _, _ = fedavg.fit(make_client(clients_data[0], model, train=train), message, {})
-    first, metrics, state = build(MOON, setting).fit(
-        make_client(clients_data[0], model, train=train), message, {}
-    )
-    assert equal(first, ref) and equal(state, first)
-    assert metrics["num_examples"] == len(clients_data[0].train_y)
+    ref = fedavg.fit(make_client(clients_data[0], model, train=train), message, {})
+    first = build(MOON, setting).fit(make_client(clients_data[0], model, train=train), message, {})
+    state = first.state
+    assert equal_records(first.reply, ref.reply) and equal_records(state, {PREVIOUS: ref.reply[MODEL]})
+    assert "num_examples" not in first.metrics
 
     x = clients_data[0].train_x
 
@@ -176,21 +180,21 @@ def test_moon_pulls_the_local_representation_to_the_global_one(clients_data) -> 
         with torch.no_grad():
             return model.features(x)
 
-    z_global, z_previous = encode(message), encode(previous)
+    z_global, z_previous = encode(message[MODEL]), encode(previous[PREVIOUS])
 
     def contrastive(weights: Arrays) -> float:
         return model_contrastive_loss(encode(weights), z_global, z_previous, 0.5).item()
 
-    kept = clone(message)
-    out_plain, _, _ = plain.fit(make_client(clients_data[0], model, train=train), message, previous)
-    out_moon, _, _ = build(MOON, setting, mu=5.0).fit(
+    kept = clone(message[MODEL])
+    out_plain = plain.fit(make_client(clients_data[0], model, train=train), message, previous)
+    out_moon = build(MOON, setting, mu=5.0).fit(
         make_client(clients_data[0], model, train=train), message, previous
     )
-    assert equal(message, kept)  # the global and previous encoders are read, never written
+    assert equal(message[MODEL], kept)  # the global and previous encoders are read, never written
     # the term MOON adds is what its training lowers, compared with FedAvg's from the same start
-    assert contrastive(out_moon) < contrastive(out_plain) - 0.01
+    assert contrastive(out_moon.reply[MODEL]) < contrastive(out_plain.reply[MODEL]) - 0.01
     assert all(p.requires_grad for p in model.parameters())
-    assert equal(MOON(MOON.Params(), setting).client_model(message, state), message)
+    assert equal(MOON(MOON.Params(), setting).client_model(message, state), message[MODEL])
 
 
 # FedBN ----------------------------------------------------------------------------------------
@@ -218,26 +222,32 @@ def test_fedbn_never_averages_batchnorm_parameters_or_statistics(clients_data) -
     assert local == {f"features.2.{n}" for n in
                      ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
     server = algo.init_server()
-    assert not local & set(server) and set(server) | local == set(setting.init_model)
+    shared = set(server[MODEL])
+    assert server.keys() == {MODEL}
+    assert not local & shared and shared | local == set(setting.init_model)
     assert algo.global_model(server) is None
 
     replies, states = [], []
     for cid, data in enumerate(clients_data):
-        arrays, metrics, state = algo.fit(make_client(data, model, cid), server, {})
-        assert set(arrays) == set(server) and set(state) == local
-        assert state["features.2.num_batches_tracked"].item() == math.ceil(len(data.train_y) / 32)
-        replies.append(Reply(cid, arrays, metrics))
-        states.append(state)
-    assert not torch.equal(states[0]["features.2.running_mean"], states[1]["features.2.running_mean"])
-    new = algo.aggregate(server, iter(replies), 1)
-    assert set(new) == set(server)  # BatchNorm never reaches the server
+        out = algo.fit(make_client(data, model, cid), server, {})
+        bn = out.state[BATCHNORM]
+        assert out.reply.keys() == {MODEL} and set(out.reply[MODEL]) == shared
+        assert out.state.keys() == {BATCHNORM} and set(bn) == local
+        assert bn["features.2.num_batches_tracked"].item() == math.ceil(len(data.train_y) / 32)
+        replies.append(Reply(cid, out.reply, out.metrics, float(len(data.train_y))))
+        states.append(out.state)
+    assert not torch.equal(states[0][BATCHNORM]["features.2.running_mean"],
+                           states[1][BATCHNORM]["features.2.running_mean"])
+    new = algo.aggregate(server, iter(replies), 1).server
+    assert new.keys() == {MODEL} and set(new[MODEL]) == shared  # BatchNorm never reaches the server
     for state in states:  # each client runs the averaged weights with its own BatchNorm
         personal = algo.client_model(new, state)
-        assert all(torch.equal(personal[n], state[n]) for n in local)
-        assert all(torch.equal(personal[n], new[n]) for n in server)
+        assert all(torch.equal(personal[n], state[BATCHNORM][n]) for n in local)
+        assert all(torch.equal(personal[n], new[MODEL][n]) for n in shared)
     # next round: a client's BatchNorm continues from its state, not from the initial model
-    _, _, again = algo.fit(make_client(clients_data[0], model, 0), new, states[0])
-    assert again["features.2.num_batches_tracked"] == 2 * states[0]["features.2.num_batches_tracked"]
+    again = algo.fit(make_client(clients_data[0], model, 0), new, states[0]).state[BATCHNORM]
+    batches = states[0][BATCHNORM]["features.2.num_batches_tracked"]
+    assert again["features.2.num_batches_tracked"] == 2 * batches
     initial = algo.client_model(new, {})
     assert all(torch.equal(initial[n], setting.init_model[n]) for n in local)
 
@@ -280,22 +290,23 @@ def test_fedrod_personalized_model_is_generic_plus_personal_head(clients_data) -
     model = make_model()
     setting = setting_for(model)
     algo = build(FedRoD, setting)
-    message = clone(setting.init_model)
-    assert equal(algo.client_model(message, {}), message)  # zero personal head at first
-    arrays, metrics, state = algo.fit(make_client(clients_data[0], model), message, {})
-    assert arrays.keys() == message.keys() and set(state) == {"personal.head.weight",
-                                                              "personal.head.bias"}
-    assert distance(arrays, message) > 0 and float(state["personal.head.weight"].abs().sum()) > 0
-    personal = algo.client_model(arrays, state)
+    message = {MODEL: clone(setting.init_model)}
+    assert equal(algo.client_model(message, {}), message[MODEL])  # zero personal head at first
+    out = algo.fit(make_client(clients_data[0], model), message, {})
+    arrays, state = out.reply[MODEL], out.state
+    assert out.reply.keys() == {MODEL} and arrays.keys() == message[MODEL].keys()
+    assert state.keys() == {HEAD} and set(state[HEAD]) == {"head.weight", "head.bias"}
+    head = state[HEAD]
+    assert distance(arrays, message[MODEL]) > 0 and float(head["head.weight"].abs().sum()) > 0
+    personal = algo.client_model(out.reply, state)
     x = clients_data[0].test_x
     model.load_state_dict(arrays)
     with torch.no_grad():
         z = model.features(x)
-        expected = model.head(z) + F.linear(z, state["personal.head.weight"],
-                                            state["personal.head.bias"])
+        expected = model.head(z) + F.linear(z, head["head.weight"], head["head.bias"])
         model.load_state_dict(personal)
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
-    assert equal(algo.global_model(arrays), arrays)
+    assert equal(algo.global_model(out.reply), arrays)
 
 
 # FedBABU --------------------------------------------------------------------------------------
@@ -305,18 +316,22 @@ def test_fedbabu_head_never_changes_before_fine_tuning(clients_data) -> None:
     body0, head0 = split_arrays(setting.init_model)
     algo = build(FedBABU, setting, finetune_epochs=0)
     server = algo.init_server()
-    assert set(server) == set(body_names(model))  # the head is never sent
-    message = split_arrays(clone(make_model(seed=1).state_dict()))[0]
+    assert server.keys() == {MODEL}
+    assert set(server[MODEL]) == set(body_names(model))  # the head is never sent
+    body = split_arrays(clone(make_model(seed=1).state_dict()))[0]
+    message = {MODEL: body}
     model.load_state_dict(make_model(seed=2).state_dict())  # a stale workspace
     replies = []
     for cid, data in enumerate(clients_data):
-        arrays, metrics, state = algo.fit(make_client(data, model, cid), message, {})
-        assert set(arrays) == set(body0) and state == {} and distance(arrays, message) > 0
+        out = algo.fit(make_client(data, model, cid), message, {})
+        arrays = out.reply[MODEL]
+        assert out.reply.keys() == {MODEL} and set(arrays) == set(body0) and out.state == {}
+        assert distance(arrays, body) > 0
         assert equal(split_arrays(model.state_dict())[1], head0)  # trained with the fixed head
-        replies.append(Reply(cid, arrays, metrics))
-    new = algo.aggregate(server, iter(replies), 1)
+        replies.append(Reply(cid, out.reply, out.metrics, float(len(data.train_y))))
+    new = algo.aggregate(server, iter(replies), 1).server
     glob = algo.global_model(new)
-    assert equal(split_arrays(glob)[1], head0) and equal(split_arrays(glob)[0], new)
+    assert equal(split_arrays(glob)[1], head0) and equal(split_arrays(glob)[0], new[MODEL])
     assert equal(algo.client_model(new, {}), glob)
 
 
@@ -326,15 +341,16 @@ def test_fedbabu_fine_tunes_the_received_model(part: str, clients_data) -> None:
     setting = setting_for(model)
     algo = build(FedBABU, setting, finetune_epochs=2, finetune=part)
     message = algo.init_server()
-    _, metrics, state = algo.fit(make_client(clients_data[0], model), message, {})
-    body, head = split_arrays(state)
+    out = algo.fit(make_client(clients_data[0], model), message, {})
+    assert out.state.keys() == {PERSONAL}
+    body, head = split_arrays(out.state[PERSONAL])
     _, head0 = split_arrays(setting.init_model)
     assert (distance(head, head0) > 0) == (part != "body")
-    assert (distance(body, message) > 0) == (part != "head")
-    assert metrics["finetune_loss"] > 0
-    assert equal(algo.client_model(message, state), state)
-    again = algo.fit(make_client(clients_data[0], model), message, {})[2]
-    assert equal(again, state)  # deterministic given the client's generator
+    assert (distance(body, message[MODEL]) > 0) == (part != "head")
+    assert out.metrics["finetune_loss"] > 0
+    assert equal(algo.client_model(message, out.state), out.state[PERSONAL])
+    again = algo.fit(make_client(clients_data[0], model), message, {}).state
+    assert equal_records(again, out.state)  # deterministic given the client's generator
 
 
 # APFL -----------------------------------------------------------------------------------------
@@ -346,9 +362,11 @@ def test_apfl_one_step_is_the_papers_update() -> None:
     w0 = clone(setting.init_model)
     v0 = clone(make_model(seed=5, hidden=[]).state_dict())
     a0 = 0.3
-    state = {**{f"personal.{k}": v for k, v in v0.items()}, "alpha": torch.tensor(a0)}
+    state = {PERSONAL: v0, ALPHA: {ALPHA: torch.tensor(a0)}}
     algo = build(APFL, setting)
-    reply, metrics, new_state = algo.fit(make_client(data, model, train=train), w0, state)
+    out = algo.fit(make_client(data, model, train=train), {MODEL: w0}, state)
+    reply, metrics, new_state = out.reply[MODEL], out.metrics, out.state
+    assert new_state.keys() == {PERSONAL, BUFFERS, ALPHA} and new_state[BUFFERS] == {}
 
     x, y, lr = data.train_x, data.train_y, train.lr
     g_w = grad_at(model, w0, x, y)
@@ -357,13 +375,13 @@ def test_apfl_one_step_is_the_papers_update() -> None:
     d_alpha = sum(float(((v0[n] - w0[n]) * g_bar[n]).sum()) for n in g_w)
     for n in g_w:
         torch.testing.assert_close(reply[n], w0[n] - lr * g_w[n])
-        torch.testing.assert_close(new_state[f"personal.{n}"], v0[n] - lr * a0 * g_bar[n])
-    assert new_state["alpha"].item() == pytest.approx(min(max(a0 - lr * d_alpha, 0), 1), abs=1e-5)
-    assert metrics["alpha"] == pytest.approx(new_state["alpha"].item())
-    personal = algo.client_model(reply, new_state)
-    a1 = new_state["alpha"]
+        torch.testing.assert_close(new_state[PERSONAL][n], v0[n] - lr * a0 * g_bar[n])
+    a1 = new_state[ALPHA][ALPHA]
+    assert a1.item() == pytest.approx(min(max(a0 - lr * d_alpha, 0), 1), abs=1e-5)
+    assert metrics["alpha"] == pytest.approx(a1.item())
+    personal = algo.client_model(out.reply, new_state)
     for n in g_w:
-        torch.testing.assert_close(personal[n], a1 * new_state[f"personal.{n}"] + (1 - a1) * reply[n])
+        torch.testing.assert_close(personal[n], a1 * new_state[PERSONAL][n] + (1 - a1) * reply[n])
 
 
 def test_apfl_alpha_grows_when_the_personal_model_is_better(clients_data) -> None:
@@ -372,26 +390,24 @@ def test_apfl_alpha_grows_when_the_personal_model_is_better(clients_data) -> Non
     model = make_model()
     setting = setting_for(model, train)
     init = clone(setting.init_model)
-    trained = build(ALGORITHMS["local"], setting).fit(
-        make_client(data, model, train=train), {}, {}
-    )[2]
-    trained = build(ALGORITHMS["local"], setting).fit(
-        make_client(data, model, train=train), {}, trained
-    )[2]
+    local = build(ALGORITHMS["local"], setting)
+    kept = local.fit(make_client(data, model, train=train), {}, {}).state
+    trained = local.fit(make_client(data, model, train=train), {}, kept).state[MODEL]
 
     def alpha_after(global_: Arrays, personal: Arrays, adaptive: bool = True) -> float:
-        state = {**{f"personal.{k}": v for k, v in personal.items()}, "alpha": torch.tensor(0.5)}
+        state = {PERSONAL: personal, ALPHA: {ALPHA: torch.tensor(0.5)}}
         out = build(APFL, setting, adaptive=adaptive).fit(
-            make_client(data, model, train=train), global_, state
-        )[2]
-        return out["alpha"].item()
+            make_client(data, model, train=train), {MODEL: global_}, state
+        ).state
+        return out[ALPHA][ALPHA].item()
 
     assert 0.5 < alpha_after(init, trained) <= 1  # v fits the data, w does not: trust v more
     assert 0 <= alpha_after(trained, init) < 0.5  # and the other way round
     assert alpha_after(init, trained, adaptive=False) == 0.5
     # first round: v starts as the global model
-    _, _, first = build(APFL, setting).fit(make_client(data, model, train=train), init, {})
-    assert set(first) == {f"personal.{k}" for k in param_names(model)} | {"alpha"}
+    first = build(APFL, setting).fit(make_client(data, model, train=train), {MODEL: init}, {})
+    assert first.state.keys() == {PERSONAL, BUFFERS, ALPHA} and first.state[BUFFERS] == {}
+    assert set(first.state[PERSONAL]) == set(param_names(model))
 
 
 # Per-FedAvg -----------------------------------------------------------------------------------
@@ -458,15 +474,18 @@ def test_per_fedavg_groups_and_personalization(clients_data) -> None:
     train = TrainConfig(local_epochs=1, batch_size=16, lr=0.05)
     model = make_model()
     setting = setting_for(model, train)
-    message = clone(setting.init_model)
+    glob = clone(setting.init_model)
+    message = {MODEL: glob}
     algo = build(PerFedAvg, setting, alpha=0.1, variant="fo")
-    arrays, metrics, personal = algo.fit(make_client(data, model, train=train), message, {})
-    g = grad_at(model, message, data.train_x, data.train_y)  # the batch is all 16 samples
+    out = algo.fit(make_client(data, model, train=train), message, {})
+    assert out.state.keys() == {PERSONAL}
+    personal = out.state[PERSONAL]
+    g = grad_at(model, glob, data.train_x, data.train_y)  # the batch is all 16 samples
     for n in g:  # the personalized model: one step of size alpha from the received model
-        torch.testing.assert_close(personal[n], message[n] - 0.1 * g[n])
-    assert metrics["steps"] == 1 and distance(arrays, message) > 0
-    assert equal(algo.client_model(message, personal), personal)
-    assert equal(algo.client_model(message, {}), message)
+        torch.testing.assert_close(personal[n], glob[n] - 0.1 * g[n])
+    assert out.metrics["steps"] == 1 and distance(out.reply[MODEL], glob) > 0
+    assert equal(algo.client_model(message, out.state), personal)
+    assert equal(algo.client_model(message, {}), glob)
 
 
 # pFedMe ---------------------------------------------------------------------------------------
@@ -506,7 +525,9 @@ def test_pfedme_local_and_server_updates() -> None:
     setting = setting_for(model, train)
     message = clone(setting.init_model)
     algo = build(PFedMe, setting, lam=15.0, inner_steps=5, personal_lr=0.09)
-    reply, metrics, personal = algo.fit(make_client(data, model, train=train), message, {})
+    out = algo.fit(make_client(data, model, train=train), {MODEL: message}, {})
+    assert out.state.keys() == {PERSONAL}
+    reply, metrics, personal = out.reply[MODEL], out.metrics, out.state[PERSONAL]
     twin = make_model(hidden=[])
     twin.load_state_dict(message)
     anchor = [p.detach().clone() for p in twin.parameters()]
@@ -516,8 +537,8 @@ def test_pfedme_local_and_server_updates() -> None:
         torch.testing.assert_close(personal[n], theta[n].detach())
         torch.testing.assert_close(reply[n], w - 0.01 * 15.0 * (w - theta[n].detach()))
     assert metrics["steps"] == 1
-    assert equal(algo.client_model(message, personal), personal)
-    assert equal(algo.client_model(message, {}), message)
+    assert equal(algo.client_model({MODEL: message}, out.state), personal)
+    assert equal(algo.client_model({MODEL: message}, {}), message)
 
     server = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
     mean = {"w": torch.tensor([3.0, 0.0]), "n": torch.tensor(5)}
@@ -526,10 +547,11 @@ def test_pfedme_local_and_server_updates() -> None:
     torch.testing.assert_close(mixed["w"], torch.tensor([5.0, -2.0]))
     assert mixed["n"] == 5
     new = build(PFedMe, setting, beta=2.0).aggregate(
-        message, iter([Reply(0, reply, metrics)]), 1
+        {MODEL: message}, iter([Reply(0, out.reply, metrics, 8.0)]), 1
     )
+    assert new.server.keys() == {MODEL} and new.metrics == {}
     for n in message:
-        torch.testing.assert_close(new[n], 2 * reply[n] - message[n])
+        torch.testing.assert_close(new.server[MODEL][n], 2 * reply[n] - message[n])
 
 
 # the ALA plug-in where the FedALA slides use it ------------------------------------------------
@@ -540,8 +562,8 @@ def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
         "model.name=mlp", "model.hidden=[32]", "train.batch_size=32", "train.lr=0.1",
         "train.rounds=2", "train.threads=1", "eval.every=2", f"algorithm.name={name}",
     ]
-    plain = Simulation(prepare(load_config(None, overrides)))
-    ala = Simulation(prepare(load_config(None, [
+    plain = simulate(prepare(load_config(None, overrides)))
+    ala = simulate(prepare(load_config(None, [
         *overrides, "algorithm.ala.enabled=true", "algorithm.ala.threshold=1.0",
     ])))
     assert isinstance(ala.algorithm, AdaptiveLocalAggregation)
@@ -549,10 +571,11 @@ def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
     assert a["comm"] == b["comm"]  # ALA sends nothing
     assert b["algorithm"] == f"{name}+ala"
     for cid in range(4):
-        state = ala.states[cid]
-        assert any(k.startswith(OWN + "weight.") for k in state)
-        personal = {k: v for k, v in state.items() if not k.startswith(OWN)}
-        assert equal(ala.algorithm.client_model(ala.server, state), personal)
+        state = ala.client_state(cid)
+        assert state[WEIGHTS]
+        personal = {k: v for k, v in state.items() if k not in OWN}
+        assert personal.keys() == {PERSONAL}  # the algorithm's own record, beside ALA's
+        assert equal(ala.algorithm.client_model(ala.server, state), personal[PERSONAL])
 
 
 # end to end on real data ------------------------------------------------------------------------
@@ -565,7 +588,7 @@ def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
         "train.batch_size=32", "train.lr=0.05", "train.threads=1", "eval.every=3",
         "eval.generalization=false", f"algorithm.name={name}",
     ])
-    sim = Simulation(prepare(cfg))
+    sim = simulate(prepare(cfg))
     losses: list[float] = []
     summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))
     final = summary["final"]

@@ -1,6 +1,6 @@
 """FedALA and the ALA plug-in: the aggregation rule, W's training, per-client state, the plug-in.
 
-Unit tests call `_ala` directly on small real clients (sklearn's 8x8 digits); the state and
+Unit tests call `common.ala` directly on small real clients (sklearn's 8x8 digits); the state and
 plug-in tests go through the real runtime; one end-to-end test runs FedALA on MNIST from
 ../shared/data (skipped without it).
 """
@@ -14,10 +14,12 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from protofed.algorithms import ALGORITHMS, _ala, parse_params
-from protofed.algorithms.common.aggregation import unprefixed
+from protofed.algorithms import ALGORITHMS, MODEL, Setting, parse_params
+from protofed.algorithms.common import ala as _ala
 from protofed.algorithms.common.ala import (
     LOCAL,
+    OWN,
+    PERSONAL,
     WEIGHTS,
     AdaptiveLocalAggregation,
     AlaSettings,
@@ -25,14 +27,17 @@ from protofed.algorithms.common.ala import (
     ala_parameters,
     combine,
     initial_weights,
+    with_ala,
 )
+from protofed.algorithms.common.split import HEAD, split_arrays
+from protofed.algorithms.fedrep import FedRep
 from protofed.config import ModelConfig, TrainConfig, load_config
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
+from protofed.runtime import RoundLoop, prepare, resume, simulate, start
 from protofed.training.client import Client
-from protofed.runtime.simulation import Simulation, prepare, resume, start
 
 TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
 PLUGIN = ["fedavg", "fedprox", "ditto", "fedrep"]
@@ -84,7 +89,7 @@ def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def client_for(data: ClientData, model: FedModel, seed: int = 0) -> Client:
     gen = torch.Generator().manual_seed(seed)
-    return Client(id=seed, data=data, model=model, train=TRAIN, round=2, generator=gen)
+    return Client(id=seed, data=data, model=model, train=TRAIN, server_round=2, generator=gen)
 
 
 def global_and_local(model_fn=None):
@@ -219,9 +224,45 @@ def test_workspace_requires_grad_is_restored(digits_clients):
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_the_wrapped_algorithm_sees_only_its_own_records(digits_clients, monkeypatch):
+    """FedRep with the plug-in: ALA's records sit beside FedRep's head in the client's state,
+    and FedRep's `fit` is handed only its head and theta_hat as the message's model."""
+    model = mlp(0)
+    setting = Setting(2, 10, TRAIN, weights_of(model))
+    algo = with_ala(FedRep)(FedRep.Params(head_epochs=1), setting, ala=AlaSettings(threshold=1e9))
+    seen = []
+    real = FedRep.fit
+
+    def spy(self, client, message, state):
+        seen.append((message, state))
+        return real(self, client, message, state)
+
+    monkeypatch.setattr(FedRep, "fit", spy)
+    server = algo.init_server()
+    first = algo.fit(client_for(digits_clients[0], model), server, {})
+    assert seen[-1][0] is server and seen[-1][1] == {}  # no local model yet: nothing to adapt
+    assert first.state.keys() == {HEAD, LOCAL}
+    assert first.state[LOCAL] is first.reply[MODEL]  # the body it trained and sent
+
+    glob = {MODEL: split_arrays(weights_of(mlp(1)))[0]}  # the next round's global body
+    second = algo.fit(client_for(digits_clients[0], model), glob, first.state)
+    message, state = seen[-1]
+    assert state.keys() == {HEAD} and state[HEAD] is first.state[HEAD]
+    assert second.state.keys() == {HEAD, LOCAL, WEIGHTS}
+    w, local = second.state[WEIGHTS], first.state[LOCAL]
+    assert w and all(k.startswith("features.") for k in w)  # the top body layer
+    assert message.keys() == {MODEL} and message[MODEL].keys() == glob[MODEL].keys()
+    for k, v in message[MODEL].items():  # theta_hat: global below, mixed by W on top
+        expected = torch.lerp(local[k], glob[MODEL][k], w[k]) if k in w else glob[MODEL][k]
+        assert torch.equal(v, expected), k
+    personal = algo.client_model(glob, second.state)
+    assert personal.keys() == setting.init_model.keys()
+    assert all(torch.equal(personal[k], v) for k, v in second.state[HEAD].items())
+
+
 # through the runtime --------------------------------------------------------------------
-def _sim(*extra: str) -> Simulation:
-    return Simulation(prepare(load_config(None, [*DIGITS, *extra])))
+def _sim(*extra: str) -> RoundLoop:
+    return simulate(prepare(load_config(None, [*DIGITS, *extra])))
 
 
 def _numbers(summary: dict) -> dict:
@@ -233,7 +274,9 @@ def test_w_persists_per_client_and_never_leaks(monkeypatch):
     real = _ala.train_weights
 
     def spy(client, model_arrays, global_, local, weights, settings, start):
-        calls.append((client.id, client.round, start, {k: v.clone() for k, v in weights.items()}))
+        calls.append(
+            (client.id, client.server_round, start, {k: v.clone() for k, v in weights.items()})
+        )
         return real(client, model_arrays, global_, local, weights, settings, start)
 
     monkeypatch.setattr(_ala, "train_weights", spy)
@@ -241,7 +284,7 @@ def test_w_persists_per_client_and_never_leaks(monkeypatch):
     kept: dict[int, dict] = {}
 
     def after(r, info, rec):
-        kept[r] = {c: unprefixed(s, WEIGHTS) for c, s in sim.states.items()}
+        kept[r] = {c: sim.client_state(c).get(WEIGHTS, {}) for c in range(4)}
         kept[r] = {c: {k: v.clone() for k, v in w.items()} for c, w in kept[r].items()}
 
     sim.run(on_round=after)
@@ -258,17 +301,19 @@ def test_w_persists_per_client_and_never_leaks(monkeypatch):
         assert all(torch.equal(w3[k], kept[2][cid][k]) for k in w3)
     final = kept[3]
     assert any(not torch.equal(final[0][k], final[1][k]) for k in final[0])  # different data
-    state = sim.states[0]
-    local = unprefixed(state, LOCAL)
-    assert local.keys() == sim.server.keys()
+    state = sim.client_state(0)
+    assert state.keys() == {LOCAL, WEIGHTS}  # FedAvg keeps nothing of its own
+    glob = sim.server[MODEL]
+    local = state[LOCAL]
+    assert local.keys() == glob.keys()
     # the personalized model is theta_hat: global lower layers, top layer mixed by this W
     hat = sim.algorithm.client_model(sim.server, state)
     w = final[0]
-    assert hat.keys() == sim.server.keys()
+    assert hat.keys() == glob.keys()
     for k in hat:
-        expected = torch.lerp(local[k], sim.server[k], w[k]) if k in w else sim.server[k]
+        expected = torch.lerp(local[k], glob[k], w[k]) if k in w else glob[k]
         assert torch.equal(hat[k], expected), k
-    assert not torch.equal(hat["head.weight"], sim.server["head.weight"])
+    assert not torch.equal(hat["head.weight"], glob["head.weight"])
     assert not torch.equal(hat["head.weight"], local["head.weight"])
 
 
@@ -276,12 +321,12 @@ def test_personalized_trained_evaluates_the_model_trained_last():
     sim = _sim("algorithm.name=fedala", "algorithm.personalized=trained", "train.rounds=2")
     sim.run()
     for cid in range(4):
-        state = sim.states[cid]
+        state = sim.client_state(cid)
         model = sim.algorithm.client_model(sim.server, state)
-        assert model.keys() == sim.server.keys()
-        assert all(model[k] is v for k, v in unprefixed(state, LOCAL).items())
+        assert model.keys() == sim.server[MODEL].keys()
+        assert all(model[k] is v for k, v in state[LOCAL].items())
     never_trained = sim.algorithm.client_model(sim.server, {})
-    assert all(never_trained[k] is v for k, v in sim.server.items())  # the global model
+    assert all(never_trained[k] is v for k, v in sim.server[MODEL].items())  # the global model
 
 
 def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
@@ -330,9 +375,10 @@ def test_personalization_scores_are_each_clients_own_aggregate():
     sim.run()
     scores = sim.history[-1]["clients"]["pers_acc"]
     assert len(set(scores)) > 1
-    for cid, data in enumerate(sim.fed.clients):
-        sim.model.load_state_dict(sim.algorithm.client_model(sim.server, sim.states[cid]))
-        acc = (predict(sim.model, data.test_x) == data.test_y).double().mean().item()
+    model = sim.prepared.model
+    for cid, data in enumerate(sim.prepared.fed.clients):
+        model.load_state_dict(sim.algorithm.client_model(sim.server, sim.client_state(cid)))
+        acc = (predict(model, data.test_x) == data.test_y).double().mean().item()
         assert scores[cid] == pytest.approx(acc, abs=1e-12), cid
 
 
@@ -348,7 +394,7 @@ def test_plugin_runs_and_adds_zero_bytes(name):
     assert a["comm"] == b["comm"]
     assert b["final"]["personalization"]["acc"] > 0.2  # it learns
     for cid in range(4):
-        w = unprefixed(with_ala.states[cid], WEIGHTS)
+        w = with_ala.client_state(cid).get(WEIGHTS, {})
         assert w, f"client {cid} kept no ALA weights"
         expected = "head" if name != "fedrep" else "features.1"  # fedrep: top *shared* layer
         assert {k.rsplit(".", 1)[0] for k in w} == {expected}
@@ -357,10 +403,11 @@ def test_plugin_runs_and_adds_zero_bytes(name):
 def test_ditto_applies_ala_to_its_personal_model():
     sim = _sim("algorithm.name=ditto", "algorithm.ala.enabled=true", "train.rounds=2")
     sim.run()
-    state = sim.states[0]
-    assert not unprefixed(state, LOCAL)  # the local model is Ditto's own state
-    personal = {k: v for k, v in state.items() if not k.startswith("ala.")}
-    assert personal.keys() == sim.server.keys()
+    state = sim.client_state(0)
+    assert LOCAL not in state  # the local model is Ditto's own state
+    assert {k for k in state if k not in OWN} == {PERSONAL}
+    personal = state[PERSONAL]
+    assert personal.keys() == sim.server[MODEL].keys()
     assert sim.algorithm.client_model(sim.server, state) == personal
 
 
@@ -413,8 +460,8 @@ def test_fedala_on_mnist_pathological(shared_data):
         "data.num_clients=10", "model.name=mlp", "model.hidden=[64]", "train.rounds=3",
         "train.batch_size=32", "train.lr=0.05", "eval.every=3", "eval.generalization=false",
     ]
-    fedala = Simulation(prepare(load_config(None, [*base, "algorithm.name=fedala"]))).run()
-    fedavg = Simulation(prepare(load_config(None, [*base, "algorithm.name=fedavg"]))).run()
+    fedala = simulate(prepare(load_config(None, [*base, "algorithm.name=fedala"]))).run()
+    fedavg = simulate(prepare(load_config(None, [*base, "algorithm.name=fedavg"]))).run()
     assert fedala["final"]["personalization"]["acc"] > 0.9  # 2 classes per client
     assert fedala["final"]["personalization"]["acc"] > fedavg["final"]["personalization"]["acc"]
     assert fedala["comm"] == fedavg["comm"]

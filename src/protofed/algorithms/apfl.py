@@ -49,7 +49,7 @@ from protofed.algorithms.base import (
 )
 
 PERSONAL = "personal"  # client state: v's parameters
-BUFFERS = "buffers"  # client state: v's buffers (BatchNorm statistics)
+BUFFERS = "buffers"  # client state: v's buffers (BatchNorm statistics; none: absent or empty)
 ALPHA = "alpha"  # client state: {"alpha": the mixing weight, a 0-d tensor}
 
 
@@ -80,7 +80,7 @@ class APFL(Algorithm):
         client.load(message[MODEL])
         model = client.model
         w = dict(model.named_parameters())
-        start = {**state[PERSONAL], **state[BUFFERS]} if PERSONAL in state else message[MODEL]
+        start = {**state[PERSONAL], **state.get(BUFFERS, {})} if PERSONAL in state else message[MODEL]
         device = next(iter(w.values())).device
         v = {n: start[n].detach().clone().to(device).requires_grad_(True) for n in w}
         buffers = {n: b.detach().clone().to(device) for n, b in start.items() if n not in w}
@@ -118,4 +118,4 @@ class APFL(Algorithm):
             return message[MODEL]
         global_ = message[MODEL]
         mixed = mixture(state[PERSONAL], global_, state[ALPHA][ALPHA])
-        return {**global_, **state[BUFFERS], **mixed}
+        return {**global_, **state.get(BUFFERS, {}), **mixed}
