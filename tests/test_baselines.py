@@ -419,9 +419,11 @@ def test_ditto_global_update_is_fedavg_and_personal_model_is_pulled(clients_data
 
     # next round: the personal model continues from the state
     own = clone(make_model(seed=6).state_dict())
-    state2 = build(Ditto, setting, lam=0.0).fit(
-        make_client(clients_data[0], model), message, {PERSONAL: own}
-    ).state[PERSONAL]
+    state2 = (
+        build(Ditto, setting, lam=0.0)
+        .fit(make_client(clients_data[0], model), message, {PERSONAL: own})
+        .state[PERSONAL]
+    )
     assert distance(state2, own, names) < distance(state2, glob, names)
 
 
@@ -434,8 +436,10 @@ def test_replies_and_states_do_not_alias_the_workspace(name: str, clients_data) 
     algo = build(cls, setting, head_epochs=1) if cls is FedRep else build(cls, setting)
     message = algo.configure(algo.init_server(), 0, 1)
     out = algo.fit(make_client(clients_data[1], model, cid=1), message, {})
-    snapshot = ({k: clone(v) for k, v in out.reply.items()},
-                {k: clone(v) for k, v in out.state.items()})
+    snapshot = (
+        {k: clone(v) for k, v in out.reply.items()},
+        {k: clone(v) for k, v in out.state.items()},
+    )
     assert "num_examples" not in out.metrics  # the engine stamps the reply with it
     assert all(isinstance(v, float) for v in out.metrics.values())
     with torch.no_grad():
@@ -447,7 +451,9 @@ def test_replies_and_states_do_not_alias_the_workspace(name: str, clients_data) 
     assert equal_records(out.reply, snapshot[0]) and equal_records(out.state, snapshot[1])
     assert all(
         not t.requires_grad
-        for records in (out.reply, out.state) for arrays in records.values() for t in arrays.values()
+        for records in (out.reply, out.state)
+        for arrays in records.values()
+        for t in arrays.values()
     )
 
 
@@ -463,8 +469,9 @@ def test_frozen_batchnorm_keeps_its_statistics():
     before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
     x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))
     head = [p for n, p in model.named_parameters() if n.startswith("head.")]
-    train_epochs(model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0),
-                 parameters=head)
+    train_epochs(
+        model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0), parameters=head
+    )
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
     train_epochs(model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0))
@@ -478,7 +485,8 @@ def test_weighted_mean_never_writes_into_a_reply():
 
     for dtype in (torch.float32, torch.float64):
         first, second = torch.ones(3, dtype=dtype), torch.zeros(3, dtype=dtype)
-        mean, _ = weighted_mean([Reply(0, {"r": {"w": first}}, {}, 3.0),
-                                 Reply(1, {"r": {"w": second}}, {}, 1.0)])
+        mean, _ = weighted_mean(
+            [Reply(0, {"r": {"w": first}}, {}, 3.0), Reply(1, {"r": {"w": second}}, {}, 1.0)]
+        )
         assert torch.equal(mean["r"]["w"], torch.full((3,), 0.75))
         assert torch.equal(first, torch.ones(3, dtype=dtype))

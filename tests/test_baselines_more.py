@@ -56,8 +56,9 @@ def tiny_data(n: int = 8) -> ClientData:
 
 def make_model(seed: int = 0, hidden: list[int] | None = None) -> FedModel:
     torch.manual_seed(seed)
-    return build_model(ModelConfig(name="mlp", hidden=[16] if hidden is None else hidden),
-                       (64,), NUM_CLASSES)
+    return build_model(
+        ModelConfig(name="mlp", hidden=[16] if hidden is None else hidden), (64,), NUM_CLASSES
+    )
 
 
 class TinyBN(FedModel):
@@ -66,7 +67,9 @@ class TinyBN(FedModel):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.features = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU())
+        self.features = nn.Sequential(
+            nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU()
+        )
         self.head = nn.Linear(16, NUM_CLASSES)
         self.embedding_dim = 16
 
@@ -118,12 +121,22 @@ def grad_at(model: nn.Module, weights: Arrays, x: torch.Tensor, y: torch.Tensor)
 def test_registered_with_paper_defaults_flags_and_ala() -> None:
     # the registry contract (docs, unknown keys) is test_baselines.py's, for every algorithm
     assert {n: ALGORITHMS[n].has_global_model for n in NAMES} == {
-        "moon": True, "fedbn": False, "fedrod": True, "fedbabu": True, "apfl": True,
-        "perfedavg": True, "pfedme": True,
+        "moon": True,
+        "fedbn": False,
+        "fedrod": True,
+        "fedbabu": True,
+        "apfl": True,
+        "perfedavg": True,
+        "pfedme": True,
     }
     assert {n: ALGORITHMS[n].ala_local for n in NAMES} == {
-        "moon": None, "fedbn": None, "fedrod": None, "fedbabu": None, "apfl": None,
-        "perfedavg": "reply", "pfedme": "reply",
+        "moon": None,
+        "fedbn": None,
+        "fedrod": None,
+        "fedbabu": None,
+        "apfl": None,
+        "perfedavg": "reply",
+        "pfedme": "reply",
     }
     assert MOON.describe_params() == {"mu": 1.0, "temperature": 0.5}
     assert FedBN.describe_params() == {} and FedRoD.describe_params() == {}
@@ -131,11 +144,19 @@ def test_registered_with_paper_defaults_flags_and_ala() -> None:
     assert APFL.describe_params() == {"alpha": 0.5, "adaptive": True, "alpha_lr": None}
     assert PerFedAvg.describe_params() == {"alpha": 0.01, "variant": "hf", "delta": 1e-3}
     assert PFedMe.describe_params() == {
-        "lam": 15.0, "inner_steps": 5, "personal_lr": 0.09, "beta": 1.0,
+        "lam": 15.0,
+        "inner_steps": 5,
+        "personal_lr": 0.09,
+        "beta": 1.0,
     }
-    for name, raw in [("moon", {"temperature": 0}), ("apfl", {"alpha": 1.5}),
-                      ("fedbabu", {"finetune": "neck"}), ("perfedavg", {"variant": "so"}),
-                      ("pfedme", {"inner_steps": 0}), ("moon", {"mu": -1})]:
+    for name, raw in [
+        ("moon", {"temperature": 0}),
+        ("apfl", {"alpha": 1.5}),
+        ("fedbabu", {"finetune": "neck"}),
+        ("perfedavg", {"variant": "so"}),
+        ("pfedme", {"inner_steps": 0}),
+        ("moon", {"mu": -1}),
+    ]:
         with pytest.raises(ConfigError):
             parse_algorithm_params(name, raw)
 
@@ -169,7 +190,9 @@ def test_moon_pulls_the_local_representation_to_the_global_one(clients_data) -> 
     ref = fedavg.fit(make_client(clients_data[0], model, train=train), message, {})
     first = build(MOON, setting).fit(make_client(clients_data[0], model, train=train), message, {})
     state = first.state
-    assert equal_records(first.reply, ref.reply) and equal_records(state, {PREVIOUS: ref.reply[MODEL]})
+    assert equal_records(first.reply, ref.reply) and equal_records(
+        state, {PREVIOUS: ref.reply[MODEL]}
+    )
     assert "num_examples" not in first.metrics
 
     x = clients_data[0].train_x
@@ -199,11 +222,15 @@ def test_moon_pulls_the_local_representation_to_the_global_one(clients_data) -> 
 
 # FedBN ----------------------------------------------------------------------------------------
 def test_batchnorm_names_are_the_batchnorm_layers() -> None:
-    for model in (TinyBN(), build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10),
-                  build_model(ModelConfig(name="cnn1dbn"), (6, 128), 6),
-                  build_model(ModelConfig(name="cnnbn"), (1, 28, 28), 10)):
+    for model in (
+        TinyBN(),
+        build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10),
+        build_model(ModelConfig(name="cnn1dbn"), (6, 128), 6),
+        build_model(ModelConfig(name="cnnbn"), (1, 28, 28), 10),
+    ):
         expected = [
-            f"{m}.{n}" for m, module in model.named_modules()
+            f"{m}.{n}"
+            for m, module in model.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for n in list(dict(module.named_parameters(recurse=False)))
             + list(dict(module.named_buffers(recurse=False)))
@@ -219,8 +246,10 @@ def test_fedbn_never_averages_batchnorm_parameters_or_statistics(clients_data) -
     setting = setting_for(model)
     algo = build(FedBN, setting)
     local = set(batchnorm_names(setting.init_model))
-    assert local == {f"features.2.{n}" for n in
-                     ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    assert local == {
+        f"features.2.{n}"
+        for n in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    }
     server = algo.init_server()
     shared = set(server[MODEL])
     assert server.keys() == {MODEL}
@@ -236,8 +265,10 @@ def test_fedbn_never_averages_batchnorm_parameters_or_statistics(clients_data) -
         assert bn["features.2.num_batches_tracked"].item() == math.ceil(len(data.train_y) / 32)
         replies.append(Reply(cid, out.reply, out.metrics, float(len(data.train_y))))
         states.append(out.state)
-    assert not torch.equal(states[0][BATCHNORM]["features.2.running_mean"],
-                           states[1][BATCHNORM]["features.2.running_mean"])
+    assert not torch.equal(
+        states[0][BATCHNORM]["features.2.running_mean"],
+        states[1][BATCHNORM]["features.2.running_mean"],
+    )
     new = algo.aggregate(server, iter(replies), 1).server
     assert new.keys() == {MODEL} and set(new[MODEL]) == shared  # BatchNorm never reaches the server
     for state in states:  # each client runs the averaged weights with its own BatchNorm
@@ -396,9 +427,11 @@ def test_apfl_alpha_grows_when_the_personal_model_is_better(clients_data) -> Non
 
     def alpha_after(global_: Arrays, personal: Arrays, adaptive: bool = True) -> float:
         state = {PERSONAL: personal, ALPHA: {ALPHA: torch.tensor(0.5)}}
-        out = build(APFL, setting, adaptive=adaptive).fit(
-            make_client(data, model, train=train), {MODEL: global_}, state
-        ).state
+        out = (
+            build(APFL, setting, adaptive=adaptive)
+            .fit(make_client(data, model, train=train), {MODEL: global_}, state)
+            .state
+        )
         return out[ALPHA][ALPHA].item()
 
     assert 0.5 < alpha_after(init, trained) <= 1  # v fits the data, w does not: trust v more
@@ -439,7 +472,7 @@ def test_per_fedavg_meta_step_is_fedavg_step_at_the_adapted_point() -> None:
         weights, i = {}, 0
         for n in names:
             k = w[n].numel()
-            weights[n] = flat[i:i + k].reshape(w[n].shape)
+            weights[n] = flat[i : i + k].reshape(w[n].shape)
             i += k
         return F.cross_entropy(functional_call(model, weights, (batch[0],)), batch[1])
 
@@ -454,8 +487,9 @@ def test_per_fedavg_meta_step_is_fedavg_step_at_the_adapted_point() -> None:
     hf, _ = meta_gradient(model, params, group, alpha, "hf", delta=1e-4)
     h3 = torch.autograd.functional.hessian(lambda f: loss_of(f, group[2]), flat_w)
     expected = meta - alpha * h3 @ meta
-    torch.testing.assert_close(torch.cat([g.reshape(-1) for g in hf]), expected,
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.cat([g.reshape(-1) for g in hf]), expected, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_per_fedavg_groups_and_personalization(clients_data) -> None:
@@ -465,7 +499,7 @@ def test_per_fedavg_groups_and_personalization(clients_data) -> None:
     sizes = [len(b) for g in groups for b in g]
     assert sizes == [32, 32, 32, 4] * 6  # consecutive full shuffles of the data
     for k in range(6):  # each shuffle covers every sample once
-        shuffle = torch.cat([b for g in groups for b in g][4 * k:4 * k + 4])
+        shuffle = torch.cat([b for g in groups for b in g][4 * k : 4 * k + 4])
         assert sorted(shuffle.tolist()) == list(range(100))
     assert list(batch_groups(0, 32, 2, 1, gen)) == []
     assert len(list(batch_groups(10, 32, 2, 3, gen))) == 3  # one step per epoch
@@ -513,8 +547,9 @@ def test_pfedme_personal_model_approximately_solves_the_proximal_problem() -> No
     # its gradient condition: grad f(theta*) + lam (theta* - w) = 0
     loss = F.cross_entropy(optimum(x), y)
     grads = torch.autograd.grad(loss, opt_params)
-    residual = math.sqrt(sum(float((g + lam * (s - a)).pow(2).sum())
-                             for g, s, a in zip(grads, star, w, strict=True)))
+    residual = math.sqrt(
+        sum(float((g + lam * (s - a)).pow(2).sum()) for g, s, a in zip(grads, star, w, strict=True))
+    )
     assert residual < 1e-4
 
 
@@ -558,14 +593,31 @@ def test_pfedme_local_and_server_updates() -> None:
 @pytest.mark.parametrize("name", ["perfedavg", "pfedme"])
 def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
     overrides = [
-        "data.name=digits", "data.partition=pathological", "data.num_clients=4",
-        "model.name=mlp", "model.hidden=[32]", "train.batch_size=32", "train.lr=0.1",
-        "train.rounds=2", "train.threads=1", "eval.every=2", f"algorithm.name={name}",
+        "data.name=digits",
+        "data.partition=pathological",
+        "data.num_clients=4",
+        "model.name=mlp",
+        "model.hidden=[32]",
+        "train.batch_size=32",
+        "train.lr=0.1",
+        "train.rounds=2",
+        "train.threads=1",
+        "eval.every=2",
+        f"algorithm.name={name}",
     ]
     plain = simulate(prepare(load_config(None, overrides)))
-    ala = simulate(prepare(load_config(None, [
-        *overrides, "algorithm.ala.enabled=true", "algorithm.ala.threshold=1.0",
-    ])))
+    ala = simulate(
+        prepare(
+            load_config(
+                None,
+                [
+                    *overrides,
+                    "algorithm.ala.enabled=true",
+                    "algorithm.ala.threshold=1.0",
+                ],
+            )
+        )
+    )
     assert isinstance(ala.algorithm, AdaptiveLocalAggregation)
     a, b = plain.run(), ala.run()
     assert a["comm"] == b["comm"]  # ALA sends nothing
@@ -582,12 +634,24 @@ def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
     model = ["model.name=cnn1dbn"] if name == "fedbn" else ["model.name=mlp", "model.hidden=[64]"]
-    cfg = load_config(None, [
-        f"data.dir={shared_data}", "data.name=uci_har", "data.partition=natural", *model,
-        "train.rounds=3", "train.clients_per_round=4", "train.local_epochs=1",
-        "train.batch_size=32", "train.lr=0.05", "train.threads=1", "eval.every=3",
-        "eval.generalization=false", f"algorithm.name={name}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"data.dir={shared_data}",
+            "data.name=uci_har",
+            "data.partition=natural",
+            *model,
+            "train.rounds=3",
+            "train.clients_per_round=4",
+            "train.local_epochs=1",
+            "train.batch_size=32",
+            "train.lr=0.05",
+            "train.threads=1",
+            "eval.every=3",
+            "eval.generalization=false",
+            f"algorithm.name={name}",
+        ],
+    )
     sim = simulate(prepare(cfg))
     losses: list[float] = []
     summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))

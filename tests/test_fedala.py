@@ -63,8 +63,11 @@ def digits_clients() -> list[ClientData]:
     out = []
     for i, mask in enumerate([t < 5, t >= 5]):
         xs, ys = x[mask][:300], t[mask][:300]
-        out.append(ClientData(f"c{i}", None, xs[:200], ys[:200], xs[200:250], ys[200:250],
-                              xs[250:], ys[250:]))
+        out.append(
+            ClientData(
+                f"c{i}", None, xs[:200], ys[:200], xs[200:250], ys[200:250], xs[250:], ys[250:]
+            )
+        )
     return out
 
 
@@ -133,8 +136,11 @@ def test_layers_are_counted_in_layers_not_tensors_and_buffers_are_global():
     names = ala_parameters(model, g, loc, p=2)  # BatchNorm + head: 4 tensors, 2 layers
     assert names == ["features.1.weight", "features.1.bias", "head.weight", "head.bias"]
     hat = combine(g, loc, {n: torch.full_like(loc[n], 0.5) for n in names})
-    for buffer in ("features.1.running_mean", "features.1.running_var",
-                   "features.1.num_batches_tracked"):
+    for buffer in (
+        "features.1.running_mean",
+        "features.1.running_var",
+        "features.1.num_batches_tracked",
+    ):
         assert torch.equal(hat[buffer], g[buffer])  # statistics of a top layer: global
     assert torch.allclose(hat["head.bias"], (g["head.bias"] + loc["head.bias"]) / 2)
     with pytest.raises(ConfigError, match="p=4"):
@@ -148,8 +154,7 @@ def _adapt(data, settings, weights=None, seed=0):
     model = mlp(0)
     g, loc = global_and_local()
     client = client_for(data, model, seed)
-    hat, w, metrics = adapt(client, g, loc, weights or {}, settings,
-                            assemble=lambda h: {**g, **h})
+    hat, w, metrics = adapt(client, g, loc, weights or {}, settings, assemble=lambda h: {**g, **h})
     return g, loc, hat, w, metrics
 
 
@@ -185,7 +190,9 @@ def test_start_phase_stops_at_the_cap_with_a_warning(digits_clients):
     assert metrics["ala_epochs"] == 12 and metrics["ala_capped"] == 1
 
 
-def test_cached_embeddings_train_the_same_weights_as_full_forward_passes(digits_clients, monkeypatch):
+def test_cached_embeddings_train_the_same_weights_as_full_forward_passes(
+    digits_clients, monkeypatch
+):
     settings = AlaSettings(threshold=1e9)
     *_, cached, _ = _adapt(digits_clients[1], settings)
     monkeypatch.setattr(_ala, "_fixed_function", lambda module: False)
@@ -200,8 +207,9 @@ def test_two_layers_and_batchnorm_train_through_the_whole_model(digits_clients):
     model = BNNet()
     g, loc = global_and_local(BNNet)
     client = client_for(digits_clients[0], model)
-    hat, w, metrics = adapt(client, g, loc, {}, AlaSettings(p=2, threshold=1e9),
-                            assemble=lambda h: {**g, **h})
+    hat, w, metrics = adapt(
+        client, g, loc, {}, AlaSettings(p=2, threshold=1e9), assemble=lambda h: {**g, **h}
+    )
     assert set(w) == {"features.1.weight", "features.1.bias", "head.weight", "head.bias"}
     assert metrics["ala_epochs"] == _ala.WINDOW
     assert all(torch.equal(hat[k], g[k]) for k in g if k not in w)
@@ -219,8 +227,14 @@ def test_no_training_while_the_local_model_equals_the_global_one(digits_clients)
 def test_workspace_requires_grad_is_restored(digits_clients):
     model = mlp(0)
     g, loc = global_and_local()
-    adapt(client_for(digits_clients[0], model), g, loc, {}, AlaSettings(threshold=1e9),
-          assemble=lambda h: {**g, **h})
+    adapt(
+        client_for(digits_clients[0], model),
+        g,
+        loc,
+        {},
+        AlaSettings(threshold=1e9),
+        assemble=lambda h: {**g, **h},
+    )
     assert all(p.requires_grad for p in model.parameters())
 
 
@@ -330,8 +344,9 @@ def test_personalized_trained_evaluates_the_model_trained_last():
 
 
 def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
-    cfg = load_config(None, [*DIGITS, "algorithm.name=fedala", "train.rounds=4",
-                             "train.client_fraction=0.5"])
+    cfg = load_config(
+        None, [*DIGITS, "algorithm.name=fedala", "train.rounds=4", "train.client_fraction=0.5"]
+    )
     whole = start(cfg, tmp_path / "whole").run()
 
     class Killed(Exception):
@@ -385,8 +400,12 @@ def test_personalization_scores_are_each_clients_own_aggregate():
 @pytest.mark.parametrize("name", PLUGIN)
 def test_plugin_runs_and_adds_zero_bytes(name):
     plain = _sim(f"algorithm.name={name}", "train.rounds=2")
-    with_ala = _sim(f"algorithm.name={name}", "algorithm.ala.enabled=true", "train.rounds=2",
-                    "algorithm.ala.threshold=1.0")
+    with_ala = _sim(
+        f"algorithm.name={name}",
+        "algorithm.ala.enabled=true",
+        "train.rounds=2",
+        "algorithm.ala.threshold=1.0",
+    )
     assert isinstance(with_ala.algorithm, AdaptiveLocalAggregation)
     assert isinstance(with_ala.algorithm, ALGORITHMS[name])
     assert not isinstance(plain.algorithm, AdaptiveLocalAggregation)
@@ -414,7 +433,9 @@ def test_ditto_applies_ala_to_its_personal_model():
 @pytest.mark.parametrize("name", ["local", "centralized", "fedala"])
 def test_unsupported_algorithms_reject_the_ala_section(name):
     with pytest.raises(ConfigError, match=r"algorithm\.ala\.enabled"):
-        prepare(load_config(None, [*DIGITS, f"algorithm.name={name}", "algorithm.ala.enabled=true"]))
+        prepare(
+            load_config(None, [*DIGITS, f"algorithm.name={name}", "algorithm.ala.enabled=true"])
+        )
 
 
 def test_ala_section_is_validated():
@@ -427,7 +448,11 @@ def test_ala_section_is_validated():
     disabled = _sim("algorithm.name=fedavg", "algorithm.ala.p=2")
     assert not isinstance(disabled.algorithm, AdaptiveLocalAggregation)
     assert ALGORITHMS["fedala"].describe_params() == {
-        "p": 1, "s": 80.0, "eta": 1.0, "threshold": 0.1, "max_start_epochs": 100,
+        "p": 1,
+        "s": 80.0,
+        "eta": 1.0,
+        "threshold": 0.1,
+        "max_start_epochs": 100,
         "personalized": "hat",
     }
 
@@ -441,8 +466,9 @@ def test_info_lists_the_ala_keys_where_the_plugin_applies():
     for name in PLUGIN:
         out = runner.invoke(app, ["info", name], env={"COLUMNS": "250"})
         assert out.exit_code == 0, out.output
-        lines = {line.split()[1]: line for line in out.output.splitlines()
-                 if line.startswith("│ ala.")}
+        lines = {
+            line.split()[1]: line for line in out.output.splitlines() if line.startswith("│ ala.")
+        }
         assert set(lines) == {f"ala.{k}" for k in _ala.AlaParams.model_fields}
         assert "False" in lines["ala.enabled"] and "'hat' | 'trained'" in lines["ala.personalized"]
         assert " 1 " in lines["ala.p"] and "80.0" in lines["ala.s"] and "slides" in lines["ala.s"]
@@ -456,9 +482,17 @@ def test_info_lists_the_ala_keys_where_the_plugin_applies():
 # end to end on real data ----------------------------------------------------------------
 def test_fedala_on_mnist_pathological(shared_data):
     base = [
-        f"data.dir={shared_data}", "data.name=mnist", "data.partition=pathological",
-        "data.num_clients=10", "model.name=mlp", "model.hidden=[64]", "train.rounds=3",
-        "train.batch_size=32", "train.lr=0.05", "eval.every=3", "eval.generalization=false",
+        f"data.dir={shared_data}",
+        "data.name=mnist",
+        "data.partition=pathological",
+        "data.num_clients=10",
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "train.rounds=3",
+        "train.batch_size=32",
+        "train.lr=0.05",
+        "eval.every=3",
+        "eval.generalization=false",
     ]
     fedala = simulate(prepare(load_config(None, [*base, "algorithm.name=fedala"]))).run()
     fedavg = simulate(prepare(load_config(None, [*base, "algorithm.name=fedavg"]))).run()

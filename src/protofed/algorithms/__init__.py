@@ -40,12 +40,24 @@ from protofed.algorithms.common.ala import (
 from protofed.errors import ConfigError
 
 __all__ = [
-    "ALGORITHMS", "MODEL", "AggregateResult", "Algorithm", "Arrays", "FitResult", "Hyperparams",
-    "Metrics", "Records", "Reply", "Setting", "build_algorithm",
+    "ALGORITHMS",
+    "MODEL",
+    "AggregateResult",
+    "Algorithm",
+    "Arrays",
+    "FitResult",
+    "Hyperparams",
+    "Metrics",
+    "Records",
+    "Reply",
+    "Setting",
+    "build_algorithm",
 ]
 
 _MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg and not m.name.startswith("_") and m.name != "base"
+    m.name
+    for m in pkgutil.iter_modules(__path__)
+    if not m.ispkg and not m.name.startswith("_") and m.name != "base"
 )
 
 
@@ -54,7 +66,11 @@ def _discover() -> dict[str, type[Algorithm]]:
     for module_name in _MODULES:
         module = importlib.import_module(f"protofed.algorithms.{module_name}")
         for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.__module__ == module.__name__:
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, Algorithm)
+                and obj.__module__ == module.__name__
+            ):
                 if obj.name in found:
                     raise RuntimeError(f"two algorithms are named '{obj.name}'")
                 found[obj.name] = obj
@@ -98,7 +114,9 @@ def parse_ala(name: str, raw: dict) -> AlaParams | None:
         return None
     cls = algorithm_class(name)
     section = raw[ALA_KEY]
-    keys = [f"{ALA_KEY}.{k}" for k in section] if isinstance(section, dict) and section else [ALA_KEY]
+    keys = (
+        [f"{ALA_KEY}.{k}" for k in section] if isinstance(section, dict) and section else [ALA_KEY]
+    )
     if not supports_ala(cls):
         supported = ", ".join(sorted(n for n, c in ALGORITHMS.items() if supports_ala(c)))
         why = (

@@ -66,12 +66,17 @@ class APFL(Algorithm):
 
     class Params(Hyperparams):
         alpha: float = Field(
-            0.5, ge=0, le=1, description="Initial mixing weight of the personal model "
-            "(authors' code: 0.5; the paper's fixed runs: 0.25, 0.5, 0.75)."
+            0.5,
+            ge=0,
+            le=1,
+            description="Initial mixing weight of the personal model "
+            "(authors' code: 0.5; the paper's fixed runs: 0.25, 0.5, 0.75).",
         )
         adaptive: bool = Field(True, description="Learn alpha per client (the paper's APFL).")
         alpha_lr: float | None = Field(
-            None, gt=0, description="Step size of alpha; None: train.lr (the paper's one step size)."
+            None,
+            gt=0,
+            description="Step size of alpha; None: train.lr (the paper's one step size).",
         )
 
     params: Params
@@ -80,7 +85,9 @@ class APFL(Algorithm):
         client.load(message[MODEL])
         model = client.model
         w = dict(model.named_parameters())
-        start = {**state[PERSONAL], **state.get(BUFFERS, {})} if PERSONAL in state else message[MODEL]
+        start = (
+            {**state[PERSONAL], **state.get(BUFFERS, {})} if PERSONAL in state else message[MODEL]
+        )
         device = next(iter(w.values())).device
         v = {n: start[n].detach().clone().to(device).requires_grad_(True) for n in w}
         buffers = {n: b.detach().clone().to(device) for n, b in start.items() if n not in w}

@@ -26,7 +26,9 @@ from protofed.algorithms.fedavg import FedAvg
 
 class FedALA(AdaptiveLocalAggregation, FedAvg):
     name = "fedala"
-    summary = "FedAvg whose clients start from an adaptive local/global mix of the top layers (ALA)."
+    summary = (
+        "FedAvg whose clients start from an adaptive local/global mix of the top layers (ALA)."
+    )
     reference = (
         "Zhang et al., FedALA: Adaptive Local Aggregation for Personalized Federated "
         "Learning, AAAI 2023"

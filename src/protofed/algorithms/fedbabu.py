@@ -85,8 +85,10 @@ class FedBABU(Algorithm):
             client.load(message[MODEL])
             client.load(head)
             part = self.params.finetune
-            parameters = None if part == "full" else (
-                head_parameters(model) if part == "head" else body_parameters(model)
+            parameters = (
+                None
+                if part == "full"
+                else (head_parameters(model) if part == "head" else body_parameters(model))
             )
             tuned = client.train_model(epochs=self.params.finetune_epochs, parameters=parameters)
             metrics["finetune_loss"] = tuned["loss"]

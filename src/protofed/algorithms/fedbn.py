@@ -51,7 +51,8 @@ def batchnorm_names(names: Iterable[str] | Mapping[str, object]) -> list[str]:
     names = list(names)
     layers = {n[: -len(STATISTICS) - 1] for n in names if n.endswith("." + STATISTICS)}
     return [
-        n for n in names
+        n
+        for n in names
         if "." in n and n.rsplit(".", 1)[0] in layers and n.rsplit(".", 1)[1] in LOCAL_SUFFIXES
     ]
 

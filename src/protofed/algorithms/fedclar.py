@@ -152,8 +152,10 @@ class FedCLAR(Algorithm):
             replies = list(replies)
             heads = head_names(self.setting.init_model)
             vectors = torch.stack(
-                [torch.cat([r.records[MODEL][n].reshape(-1).double() for n in heads])
-                 for r in replies]
+                [
+                    torch.cat([r.records[MODEL][n].reshape(-1).double() for n in heads])
+                    for r in replies
+                ]
             )
             labels = threshold_clusters(vectors, self.params.threshold, self.params.linkage)
             first = int(assign.max()) + 1

@@ -63,7 +63,9 @@ def log_prior(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return (counts / counts.sum().clamp(min=1)).log()
 
 
-def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, prior_log: torch.Tensor) -> torch.Tensor:
+def balanced_softmax_loss(
+    logits: torch.Tensor, y: torch.Tensor, prior_log: torch.Tensor
+) -> torch.Tensor:
     """Balanced softmax: cross-entropy on the logits shifted by the log class prior."""
     return F.cross_entropy(logits + prior_log.to(logits.device), y)
 

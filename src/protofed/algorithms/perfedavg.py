@@ -141,12 +141,15 @@ class PerFedAvg(Algorithm):
 
     class Params(Hyperparams):
         alpha: float = Field(
-            0.01, gt=0, description="Inner (and personalization) step size alpha; the meta "
-            "step size beta is train.lr."
+            0.01,
+            gt=0,
+            description="Inner (and personalization) step size alpha; the meta "
+            "step size beta is train.lr.",
         )
         variant: Literal["hf", "fo"] = Field(
-            "hf", description="'hf': Hessian-free (finite-difference Hessian-vector product), "
-            "'fo': first-order (no Hessian term)."
+            "hf",
+            description="'hf': Hessian-free (finite-difference Hessian-vector product), "
+            "'fo': first-order (no Hessian term).",
         )
         delta: float = Field(
             1e-3, gt=0, description="Finite-difference step of the HF variant (paper: 0.001)."

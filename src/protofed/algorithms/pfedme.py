@@ -85,8 +85,7 @@ def server_mix(server: Arrays, mean: Arrays, beta: float) -> Arrays:
     if beta == 1:
         return mean
     return {
-        n: torch.lerp(server[n], m, beta) if m.is_floating_point() else m
-        for n, m in mean.items()
+        n: torch.lerp(server[n], m, beta) if m.is_floating_point() else m for n, m in mean.items()
     }
 
 
@@ -111,8 +110,9 @@ class PFedMe(Algorithm):
             0.09, gt=0, description="Step size of the K steps on theta (paper, MNIST DNN: 0.09)."
         )
         beta: float = Field(
-            1.0, gt=0, description="Server mixing weight of the clients' mean (paper: 1; 2 "
-            "accelerates)."
+            1.0,
+            gt=0,
+            description="Server mixing weight of the clients' mean (paper: 1; 2 accelerates).",
         )
 
     params: Params
@@ -129,8 +129,14 @@ class PFedMe(Algorithm):
         for _ in range(client.train.local_epochs):
             for idx in batches(len(x), client.train.batch_size, client.generator, x.device):
                 total += proximal_steps(
-                    model, params, local, x[idx], y[idx], lam,
-                    self.params.personal_lr, self.params.inner_steps,
+                    model,
+                    params,
+                    local,
+                    x[idx],
+                    y[idx],
+                    lam,
+                    self.params.personal_lr,
+                    self.params.inner_steps,
                 )
                 with torch.no_grad():
                     for w, theta in zip(local, params, strict=True):

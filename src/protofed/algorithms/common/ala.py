@@ -113,23 +113,30 @@ class AlaSettings(Hyperparams):
     """ALA's hyperparameters (the slides' defaults)."""
 
     p: int = Field(
-        1, ge=1, description="Top layers (of model.layers(), among those the server sends) "
-        "mixed by trained weights; the lower ones are taken from the global model (slides: 1)."
+        1,
+        ge=1,
+        description="Top layers (of model.layers(), among those the server sends) "
+        "mixed by trained weights; the lower ones are taken from the global model (slides: 1).",
     )
     s: float = Field(
-        80.0, gt=0, le=100,
+        80.0,
+        gt=0,
+        le=100,
         description="Percent of the client's training data W is trained on (slides: 80).",
     )
     eta: float = Field(1.0, gt=0, description="Learning rate of W (slides: 1.0).")
     threshold: float = Field(
-        0.1, gt=0, description="Start phase ends when the std of the last 10 epoch losses is "
+        0.1,
+        gt=0,
+        description="Start phase ends when the std of the last 10 epoch losses is "
         "below this (official code 0.1; the paper writes 0.01).",
     )
     max_start_epochs: int = Field(
         100, ge=1, description="Cap on start-phase epochs (a warning when it is reached)."
     )
     personalized: Literal["hat", "trained"] = Field(
-        "hat", description="Evaluated client model: 'hat' = the ALA aggregate of the current "
+        "hat",
+        description="Evaluated client model: 'hat' = the ALA aggregate of the current "
         "global model and the client's local model with its latest W (the paper's output; the "
         "official code evaluates right after ALA), 'trained' = the model it trained last. "
         "Ditto's (ala_local='state') is its own personal model either way.",
@@ -146,7 +153,8 @@ class AlaParams(AlaSettings):
 def top_layers(model: FedModel, available: Container[str], p: int) -> list[str]:
     """The p layers nearest the output among those whose parameters are all `available`."""
     eligible = [
-        layer for layer in model.layers()
+        layer
+        for layer in model.layers()
         if all(name in available for name in model.layer_params(layer))
     ]
     if p > len(eligible):
@@ -402,4 +410,3 @@ def supports_ala(cls: type[Algorithm]) -> bool:
         and not issubclass(cls, AdaptiveLocalAggregation)
         and not cls.pools_data
     )
-
