@@ -151,36 +151,40 @@ def nearest_prototype_head(
     return weight, bias
 
 
+PROTOS = "protos"
+"""The record that carries packed prototypes in messages and replies (`pack_prototypes`)."""
+
+
 def pack_prototypes(
     means: torch.Tensor, counts: torch.Tensor, *, with_counts: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Only the present classes' rows, as flat arrays for a message or a reply.
+    """Only the present classes' rows, as the record `protos` of a message or a reply.
 
-    {"proto.classes": (k,) int64, "proto.means": (k, D)[, "proto.counts": (k,)]}: a client
-    with 3 of 10 classes sends 3 rows, not 10 (the bytes counted are the bytes needed).
+    {"classes": (k,) int64, "means": (k, D)[, "counts": (k,)]}: a client with 3 of 10
+    classes sends 3 rows, not 10 (the bytes counted are the bytes needed).
     """
     present = torch.nonzero(counts > 0).flatten()
-    packed = {"proto.classes": present, "proto.means": means[present].detach().clone()}
+    packed = {"classes": present, "means": means[present].detach().clone()}
     if with_counts:
-        packed["proto.counts"] = counts[present].detach().to(means.dtype).clone()
+        packed["counts"] = counts[present].detach().to(means.dtype).clone()
     return packed
 
 
 def unpack_prototypes(
-    arrays: dict[str, torch.Tensor], num_classes: int
+    record: dict[str, torch.Tensor] | None, num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `pack_prototypes`: dense (C, D) means and (C,) counts (0 = absent).
 
-    Without "proto.counts" every sent class counts 1; with no "proto.means" at all (nothing
-    sent yet) the result is (C, 0) and all-zero counts.
+    Without "counts" every sent class counts 1; with no record (nothing sent yet) the result
+    is (C, 0) and all-zero counts.
     """
-    if "proto.means" not in arrays:
+    if not record or "means" not in record:
         return torch.zeros(num_classes, 0), torch.zeros(num_classes)
-    rows, classes = arrays["proto.means"], arrays["proto.classes"].long()
+    rows, classes = record["means"], record["classes"].long()
     means = rows.new_zeros(num_classes, rows.shape[1])
     means[classes] = rows
     counts = rows.new_zeros(num_classes)
-    counts[classes] = arrays["proto.counts"].to(rows.dtype) if "proto.counts" in arrays else 1.0
+    counts[classes] = record["counts"].to(rows.dtype) if "counts" in record else 1.0
     return means, counts
 
 

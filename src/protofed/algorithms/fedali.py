@@ -33,19 +33,31 @@ Settled here (also in docs/results/fedali.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import split_off, weighted_mean
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+    Setting,
+)
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.errors import ConfigError
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
 from protofed.prototypes import kmeans
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+# records besides "model" (the weights without the ALP layers' banks and scalars)
+GLOBAL_BANKS = "global"  # server state and message: every ALP layer's global prototypes
+LOCAL_BANKS = "local"  # reply and client state: the client's local prototypes
+SCALARS = "scalars"  # message: the round's beta and gamma, one scalar buffer per layer
 
 
 class Params(Hyperparams):
@@ -91,38 +103,41 @@ class FedAli(Algorithm):
         """A client's local prototypes before its first round: the model's seeded bank."""
         return {n: self.setting.init_model[n].clone() for n in self.local_names}
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         init = self.setting.init_model
-        return {n: init[n] for n in self.weight_names + self.global_names}
+        return {MODEL: {n: init[n] for n in self.weight_names},
+                GLOBAL_BANKS: {n: init[n] for n in self.global_names}}
 
-    def scalars(self, round: int) -> Arrays:
-        beta = self.params.first_round_beta if round <= 1 else self.params.beta
+    def scalars(self, server_round: int) -> Arrays:
+        beta = self.params.first_round_beta if server_round <= 1 else self.params.beta
         values = {BETA: beta, GAMMA: self.params.gamma}
         return {n: torch.tensor(values[n.rsplit(".", 1)[1]]) for n in self.scalar_names}
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        return {**server, **self.scalars(round)}
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        return {**server, SCALARS: self.scalars(server_round)}
 
     # client -----------------------------------------------------------------------------
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
-        client.load(state or self.initial_local())
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        for record in message.values():
+            client.load(record)
+        client.load(state[LOCAL_BANKS] if state else self.initial_local())
         metrics = client.train_model()
-        metrics["num_examples"] = float(client.num_examples)
         trained = client.weights()
         local = {n: trained[n] for n in self.local_names}
-        reply = {n: trained[n] for n in self.weight_names}
-        reply.update(local)
-        return reply, metrics, {n: t.clone() for n, t in local.items()}
+        reply = {MODEL: {n: trained[n] for n in self.weight_names}, LOCAL_BANKS: local}
+        return FitResult(reply, metrics, {LOCAL_BANKS: {n: t.clone() for n, t in local.items()}})
 
     # server -----------------------------------------------------------------------------
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        banks: list[Arrays] = []
-        weights, seen = weighted_mean(split_off(replies, self.local_names, banks))
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        mean, seen = weighted_mean(replies, records=[MODEL])
         n = torch.tensor([r.num_examples for r in seen], dtype=torch.float64)
-        new = dict(weights)
+        old = server[GLOBAL_BANKS]
+        new: Arrays = {}
         for local, glob in zip(self.local_names, self.global_names, strict=True):
-            stacked = torch.stack([b[local] for b in banks]).cpu()  # (clients, G, d); K-means on host
+            # (clients, G, d); K-means on the host
+            stacked = torch.stack([r.records[LOCAL_BANKS][local] for r in seen]).cpu()
             start = (stacked.double() * (n / n.sum()).view(-1, 1, 1)).sum(0)
             centroids, _ = kmeans(
                 stacked.reshape(-1, stacked.shape[-1]),
@@ -130,13 +145,15 @@ class FedAli(Algorithm):
                 init=start.to(stacked.dtype),
                 max_iter=self.params.kmeans_iters,
             )
-            new[glob] = centroids.to(server[glob].device, server[glob].dtype)
-        return new
+            new[glob] = centroids.to(old[glob].device, old[glob].dtype)
+        return AggregateResult({MODEL: mean[MODEL], GLOBAL_BANKS: new})
 
     # evaluation -------------------------------------------------------------------------
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return {**message, **(state or self.initial_local())}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        own = state[LOCAL_BANKS] if state else self.initial_local()
+        return {**message[MODEL], **message[GLOBAL_BANKS], **message[SCALARS], **own}
 
-    def global_model(self, server: Arrays) -> Arrays | None:
-        banks = {loc: server[glob] for loc, glob in zip(self.local_names, self.global_names, strict=True)}
-        return {**server, **self.scalars(2), **banks}
+    def global_model(self, server: Records) -> Arrays | None:
+        glob = server[GLOBAL_BANKS]
+        banks = {loc: glob[g] for loc, g in zip(self.local_names, self.global_names, strict=True)}
+        return {**server[MODEL], **glob, **self.scalars(2), **banks}

@@ -73,15 +73,27 @@ Ambiguities settled here (docs/results/feddpa.md lists them too):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
 from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
+from protofed.core.seeding import SERVER, derive_seed
 from protofed.prototypes import (
+    PROTOS,
     best_kmeans,
     embedding_means,
     kmeans,
@@ -90,17 +102,10 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
-from protofed.core.seeding import SERVER, derive_seed
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-PROTOTYPES = "feddpa.prototypes"  # server state: (C, D) global prototypes
-PRESENT = "feddpa.present"  # server state: (C,) 1 where a class has a global prototype
-# server state, diagnostics of the last round (never sent): mean lambda_k, mean Het_k, number
-# of groups, L_sep before and after the contrastive step, smallest distance between prototypes
-STATS = "feddpa.stats"
-_MESSAGE_PREFIX = "proto."  # pack_prototypes' keys in messages and replies
+# the server's record of the global prototypes: "prototypes" (C, D) and "present" (C,), 1
+# where a class has a global prototype (sent down packed, as the record `protos`)
+GLOBAL_PROTOS = "global"
 
 
 # the server's computations, each on plain tensors ----------------------------------------
@@ -303,31 +308,30 @@ class FedDPA(Algorithm):
     params: Params
 
     # server state = model weights + the global prototypes ---------------------------------
-    def init_server(self) -> Arrays:
-        server = dict(self.setting.init_model)
-        num_classes, dim = server["head.weight"].shape
+    def init_server(self) -> Records:
+        model = dict(self.setting.init_model)
+        num_classes, dim = model["head.weight"].shape
         zeros = self.params.initial_prototypes == "zeros"
-        server[PROTOTYPES] = torch.zeros(num_classes, dim)
-        server[PRESENT] = torch.full((num_classes,), float(zeros))
-        return server
+        return {MODEL: model, GLOBAL_PROTOS: {
+            "prototypes": torch.zeros(num_classes, dim),
+            "present": torch.full((num_classes,), float(zeros)),
+        }}
 
-    @staticmethod
-    def _model(arrays: Arrays) -> Arrays:
-        return {k: v for k, v in arrays.items() if not k.startswith(("feddpa.", _MESSAGE_PREFIX))}
-
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        return {**self._model(server), **pack_prototypes(server[PROTOTYPES], server[PRESENT], with_counts=False)}
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        glob = server[GLOBAL_PROTOS]
+        packed = pack_prototypes(glob["prototypes"], glob["present"], with_counts=False)
+        return {MODEL: server[MODEL], PROTOS: packed}
 
     def _lambda(self, het: float) -> float:
         if self.params.adaptive:
             return self.params.alpha + self.params.beta * het
         return self.params.alpha if self.params.fixed_lambda is None else self.params.fixed_lambda
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         num_classes = self.setting.num_classes
         data = client.data
-        client.load(self._model(message))
-        protos, counts = unpack_prototypes(message, num_classes)
+        client.load(message[MODEL])
+        protos, counts = unpack_prototypes(message.get(PROTOS), num_classes)
         device = data.train_x.device
         protos, present = protos.to(device), (counts > 0).to(device)
         het = 0.0
@@ -342,42 +346,48 @@ class FedDPA(Algorithm):
         )
         metrics = client.train_model(loss_fn=loss_fn)
         means, class_counts = embedding_means(client.model, data.train_x, data.train_y, num_classes)
-        metrics.update(
-            num_examples=float(client.num_examples), heterogeneity=het, reg_lambda=lam
-        )
-        reply = {**client.weights(), **pack_prototypes(means.cpu(), class_counts.cpu())}
-        return reply, metrics, {}
+        metrics.update(heterogeneity=het, reg_lambda=lam)
+        reply = {MODEL: client.weights(), PROTOS: pack_prototypes(means.cpu(), class_counts.cpu())}
+        return FitResult(reply, metrics)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        """The hierarchical model and prototype merge, then the contrastive refinement.
+
+        Server metrics (the round's diagnostics): `lambda_mean` and `heterogeneity_mean` (the
+        clients' lambda_k and Het_k), `groups`, `separation_before` and `separation_after`
+        (L_sep around the contrastive step) and `min_distance` (the closest two prototypes).
+        """
         num_classes = self.setting.num_classes
         p = self.params
         replies = list(replies)  # grouping needs every client of the round
         if not replies:
-            return server
-        unpacked = [unpack_prototypes(r.arrays, num_classes) for r in replies]
-        local = torch.stack([m for m, _ in unpacked]).to(server[PROTOTYPES].dtype)
+            return AggregateResult(server)
+        glob = server[GLOBAL_PROTOS]
+        unpacked = [unpack_prototypes(r.records[PROTOS], num_classes) for r in replies]
+        local = torch.stack([m for m, _ in unpacked]).to(glob["prototypes"].dtype)
         local_counts = torch.stack([c for _, c in unpacked]).to(local.dtype)
         bad = [r.client for r, m in zip(replies, local, strict=True) if not torch.isfinite(m).all()]
         if bad:
             raise FloatingPointError(
-                f"feddpa round {round}: clients {bad} sent non-finite prototypes (local training "
+                f"feddpa round {server_round}: clients {bad} sent non-finite prototypes (local training "
                 "diverged); lower train.lr, algorithm.alpha/beta, or use reg_reduction=mean"
             )
-        models = [Reply(r.client, self._model(r.arrays), r.metrics) for r in replies]
         if p.hierarchical:
-            seed = derive_seed(self.setting.seed, SERVER, round) % 2**32  # scikit-learn: 32 bits
+            seed = derive_seed(self.setting.seed, SERVER, server_round) % 2**32  # sklearn: 32 bits
             groups = group_clients(local, local_counts, p.num_groups, missing=p.missing_class, seed=seed)
             examples = torch.tensor([r.num_examples for r in replies])
             weights = hierarchical_weights(groups, examples, p.group_weighting)
             by_client = {r.client: float(w) for r, w in zip(replies, weights, strict=True)}
-            model, _ = weighted_mean(models, weight=lambda r: by_client[r.client])
+            mean, _ = weighted_mean(replies, [MODEL], weight=lambda r: by_client[r.client])
             merged, present = hierarchical_prototypes(local, local_counts, groups, p.group_weighting)
         else:
             groups = torch.zeros(len(replies), dtype=torch.long)
-            model, _ = weighted_mean(models)
+            mean, _ = weighted_mean(replies, [MODEL])
             merged, total = merge_means(local, local_counts)
             present = total > 0
-        previous, before = server[PROTOTYPES], server[PRESENT].bool()
+        previous, before = glob["prototypes"], glob["present"].bool()
         prototypes = torch.where(present.unsqueeze(-1), merged, previous)
         present = present | before
         sep_before = float(separation_loss(prototypes, present, p.margin))
@@ -386,24 +396,23 @@ class FedDPA(Algorithm):
                 prototypes, present, local, local_counts,
                 margin=p.margin, sep_weight=p.sep_weight, steps=p.align_steps, lr=p.align_lr,
             )
-        stats = [
-            sum(r.metrics.get("reg_lambda", 0.0) for r in replies) / len(replies),
-            sum(r.metrics.get("heterogeneity", 0.0) for r in replies) / len(replies),
-            float(len(torch.unique(groups))),
-            sep_before,
-            float(separation_loss(prototypes, present, p.margin)),
-            min_distance(prototypes, present),
-        ]
-        return {
-            **model, PROTOTYPES: prototypes, PRESENT: present.to(previous.dtype),
-            STATS: torch.tensor(stats, dtype=torch.float64),
+        metrics = {
+            "lambda_mean": sum(r.metrics.get("reg_lambda", 0.0) for r in replies) / len(replies),
+            "heterogeneity_mean":
+                sum(r.metrics.get("heterogeneity", 0.0) for r in replies) / len(replies),
+            "groups": float(len(torch.unique(groups))),
+            "separation_before": sep_before,
+            "separation_after": float(separation_loss(prototypes, present, p.margin)),
+            "min_distance": min_distance(prototypes, present),
         }
+        new = {"prototypes": prototypes, "present": present.to(previous.dtype)}
+        return AggregateResult({MODEL: mean[MODEL], GLOBAL_PROTOS: new}, metrics)
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return self._model(message)  # no personal model: the global one, shared storage
+    # client_model: the default (no personal model: the global one, shared storage)
 
-    def global_model(self, server: Arrays) -> Arrays | None:
-        model = self._model(server)
-        if self.params.global_inference == "prototype" and bool(server[PRESENT].any()):
-            return with_prototype_head(model, server[PROTOTYPES], server[PRESENT] > 0)
+    def global_model(self, server: Records) -> Arrays | None:
+        model = server[MODEL]
+        glob = server[GLOBAL_PROTOS]
+        if self.params.global_inference == "prototype" and bool(glob["present"].any()):
+            return with_prototype_head(model, glob["prototypes"], glob["present"] > 0)
         return model

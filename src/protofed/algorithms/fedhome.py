@@ -36,20 +36,28 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+    Setting,
+)
 from protofed.algorithms.common.split import split_arrays
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
 from protofed.errors import ConfigError
 from protofed.prototypes import embed
 from protofed.training.loop import train_epochs
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+HEAD = "head"  # a client's state in the fine-tuning phase: its fine-tuned head
 
 
 def smote_balance(
@@ -119,16 +127,15 @@ class FedHome(Algorithm):
                 f"train.rounds={rounds} (FedHome needs FedAvg rounds before fine-tuning)"
             )
 
-    def finetuning(self, round: int) -> bool:
-        """Whether `round` belongs to the personalization phase."""
-        return round > self.setting.train.rounds - self.params.finetune_rounds
+    def finetuning(self, server_round: int) -> bool:
+        """Whether `server_round` belongs to the personalization phase."""
+        return server_round > self.setting.train.rounds - self.params.finetune_rounds
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load(message)
-        if not self.finetuning(client.round):
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
+        if not self.finetuning(client.server_round):
             metrics = client.train_model()
-            metrics["num_examples"] = float(client.num_examples)
-            return client.weights(), metrics, {}
+            return FitResult({MODEL: client.weights()}, metrics)
         client.load(self.head(message, state))
         model = client.model
         z = embed(model, client.data.train_x)
@@ -137,21 +144,21 @@ class FedHome(Algorithm):
             model.head, zb, yb, client.train, client.generator,
             epochs=self.params.finetune_epochs, lr=self.params.head_lr,
         )
-        metrics["num_examples"] = float(client.num_examples)
         metrics["balanced_examples"] = float(len(yb))
         _, head = split_arrays(client.weights())
-        return {}, metrics, head
+        return FitResult({}, metrics, {HEAD: head})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        if self.finetuning(round):
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        if self.finetuning(server_round):
             for _ in replies:  # nothing is sent up: the global model stays as it is
                 pass
-            return server
-        model, _ = weighted_mean(replies)
-        return model
+            return AggregateResult(server)
+        return super().aggregate(server, replies, server_round)
 
-    def head(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else split_arrays(message)[1]
+    def head(self, message: Records, state: Records) -> Arrays:
+        return state[HEAD] if state else split_arrays(message[MODEL])[1]
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return {**message, **state}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**message[MODEL], **state.get(HEAD, {})}

@@ -38,23 +38,36 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.common.aggregation import split_off, weighted_mean
-from protofed.algorithms.common.split import body_parameters
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
+from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.split import body_names, body_parameters
+from protofed.prototypes import (
+    PROTOS,
+    class_means,
+    embed,
+    merge_means,
+    pack_prototypes,
+    unpack_prototypes,
+)
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-SCALE = "fednh.scale"
-PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
+SCALE = "scale"  # the record of the cosine logits' scale s: {"scale": (1,)}
 
 
 def uniform_prototypes(
@@ -139,7 +152,7 @@ class FedNH(Algorithm):
 
     params: Params
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         server = dict(self.setting.init_model)
         weight = server["head.weight"]
         num_classes, dim = weight.shape
@@ -150,15 +163,15 @@ class FedNH(Algorithm):
         server["head.weight"] = prototypes.to(weight)
         if "head.bias" in server:
             server["head.bias"] = torch.zeros_like(server["head.bias"])
-        server[SCALE] = torch.tensor([self.params.scale], dtype=weight.dtype, device=weight.device)
-        return server
+        scale = torch.tensor([self.params.scale], dtype=weight.dtype, device=weight.device)
+        return {MODEL: server, SCALE: {"scale": scale}}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        model_part = {k: v for k, v in message.items() if k != SCALE}
-        client.load(model_part)
-        device = message["head.weight"].device
-        scale = nn.Parameter(message[SCALE].detach().clone().to(device))
-        prototypes = message["head.weight"].detach()
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        model = message[MODEL]
+        client.load(model)
+        device = model["head.weight"].device
+        scale = nn.Parameter(message[SCALE]["scale"].detach().clone().to(device))
+        prototypes = model["head.weight"].detach()
 
         def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(cosine_logits(model, x, prototypes, scale), y)
@@ -168,27 +181,26 @@ class FedNH(Algorithm):
         features = F.normalize(embed(client.model, client.data.train_x), dim=1)
         means, counts = class_means(features, client.data.train_y, self.setting.num_classes)
         weights = client.weights()
-        body = {k: v for k, v in weights.items() if not k.startswith("head.")}
-        metrics["num_examples"] = float(client.num_examples)
+        body = {k: weights[k] for k in body_names(weights)}
         metrics["scale"] = float(scale.detach())
-        reply = {**body, SCALE: scale.detach().clone(),
-                 **pack_prototypes(F.normalize(means, dim=1), counts)}
-        return reply, metrics, weights
+        reply = {MODEL: body, SCALE: {"scale": scale.detach().clone()},
+                 PROTOS: pack_prototypes(F.normalize(means, dim=1), counts)}
+        return FitResult(reply, metrics, {MODEL: weights})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        extras: list[Arrays] = []
-        body, _ = weighted_mean(split_off(replies, PACKED, extras))
-        dense = [unpack_prototypes(e, self.setting.num_classes) for e in extras]
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        mean, seen = weighted_mean(replies, records=[MODEL, SCALE])
+        dense = [unpack_prototypes(r.records[PROTOS], self.setting.num_classes) for r in seen]
+        head = server[MODEL]["head.weight"]
         prototypes = smooth_update(
-            server["head.weight"],
-            torch.stack([m for m, _ in dense]).to(server["head.weight"]),
-            torch.stack([c for _, c in dense]).to(server["head.weight"]),
+            head,
+            torch.stack([m for m, _ in dense]).to(head),
+            torch.stack([c for _, c in dense]).to(head),
             self.params.rho,
         )
-        return {**server, **body, "head.weight": prototypes}
+        model = {**server[MODEL], **mean[MODEL], "head.weight": prototypes}
+        return AggregateResult({MODEL: model, SCALE: mean[SCALE]})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return state if state else {k: v for k, v in message.items() if k != SCALE}
-
-    def global_model(self, server: Arrays) -> Arrays | None:
-        return {k: v for k, v in server.items() if k != SCALE}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return state[MODEL] if state else message[MODEL]

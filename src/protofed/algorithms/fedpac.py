@@ -45,23 +45,40 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import split_off, weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.decoupled import head_then_aligned_body
-from protofed.algorithms.common.split import head_names, is_head, split_arrays
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.prototypes import class_means, embed, merge_means, pack_prototypes, unpack_prototypes
+from protofed.algorithms.common.split import head_names, split_arrays
+from protofed.prototypes import (
+    PROTOS,
+    class_means,
+    embed,
+    merge_means,
+    pack_prototypes,
+    unpack_prototypes,
+)
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+HEAD = "head"  # a head: the client's own (state, reply), or its combined one (message)
+STATS = "stats"  # a reply's feature statistics: {"variance": (1,)}
 
-VARIANCE = "fedpac.variance"
-HEAD_OF = "fedpac.head."  # server state: fedpac.head.<client>.<head tensor name>
-PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
+
+def head_of(client: int) -> str:
+    """The server's record of client `client`'s combined head."""
+    return f"{HEAD}.{client}"
 
 
 def feature_statistics(
@@ -183,63 +200,68 @@ class FedPAC(Algorithm):
 
     params: Params
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         body, head = split_arrays(self.setting.init_model)
         weight = head["head.weight"]  # (classes, embedding dim): no prototype yet
-        return {**body, **pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
-                                          with_counts=False)}
+        none = pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
+                               with_counts=False)
+        return {MODEL: body, PROTOS: none}
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
         """The body, the global prototypes, and this client's combined head if it has one."""
-        own = f"{HEAD_OF}{client}."
-        message = {k: v for k, v in server.items() if not k.startswith(HEAD_OF)}
-        message.update({k[len(own):]: v for k, v in server.items() if k.startswith(own)})
+        message = {MODEL: server[MODEL], PROTOS: server[PROTOS]}
+        if head_of(client) in server:
+            message[HEAD] = server[head_of(client)]
         return message
 
-    def _head(self, message: Arrays, state: Arrays) -> Arrays:
-        combined = {k: v for k, v in message.items() if is_head(k)}
-        if combined:
-            return combined
-        return state if state else split_arrays(self.setting.init_model)[1]
+    def _head(self, message: Records, state: Records) -> Arrays:
+        if HEAD in message:
+            return message[HEAD]
+        return state[HEAD] if state else split_arrays(self.setting.init_model)[1]
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load({k: v for k, v in message.items() if k not in PACKED and not is_head(k)})
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         client.load(self._head(message, state))
-        metrics = head_then_aligned_body(client, message, self.params, self.setting.num_classes)
+        metrics = head_then_aligned_body(client, message[PROTOS], self.params,
+                                         self.setting.num_classes)
         features = embed(client.model, client.data.train_x)
         means, counts, variance = feature_statistics(
             features, client.data.train_y, self.setting.num_classes
         )
-        weights = client.weights()
-        _, head = split_arrays(weights)
-        metrics["num_examples"] = float(client.num_examples)
-        extras = {**pack_prototypes(means.float(), counts.float()),
-                  VARIANCE: variance.float().reshape(1)}
-        return {**weights, **extras}, metrics, head
+        body, head = split_arrays(client.weights())
+        reply = {MODEL: body, HEAD: head, PROTOS: pack_prototypes(means.float(), counts.float()),
+                 STATS: {"variance": variance.float().reshape(1)}}
+        return FitResult(reply, metrics, {HEAD: head})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
         heads = head_names(self.setting.init_model)
-        extras: list[Arrays] = []
-        body, seen = weighted_mean(split_off(replies, [*PACKED, VARIANCE, *heads], extras))
-        dense = [unpack_prototypes(e, self.setting.num_classes) for e in extras]
+        mean, seen = weighted_mean(replies, records=[MODEL])
+        extras = [r.records for r in seen]
+        dense = [unpack_prototypes(e[PROTOS], self.setting.num_classes) for e in extras]
         means = torch.stack([m for m, _ in dense])
         counts = torch.stack([c for _, c in dense])
         prototypes, total = merge_means(means, counts)
         pi = counts / counts.sum(1, keepdim=True).clamp(min=1)
         alpha = combination_weights(
             pi.unsqueeze(-1) * means,
-            torch.cat([e[VARIANCE] for e in extras]),
+            torch.cat([e[STATS]["variance"] for e in extras]),
             self.params.min_weight,
             self.params.qp_iters,
         )
-        new = {k: v for k, v in server.items() if k.startswith(HEAD_OF)}  # clients not seen
+        new: Records = {MODEL: mean[MODEL],
+                        PROTOS: pack_prototypes(prototypes, total, with_counts=False)}
+        new.update({k: v for k, v in server.items() if k.startswith(f"{HEAD}.")})  # not seen
+        combined: list[Arrays] = [{} for _ in seen]
         for name in heads:
-            stacked = torch.stack([e[name].double() for e in extras])
+            stacked = torch.stack([e[HEAD][name].double() for e in extras])
             mixed = torch.tensordot(alpha.to(stacked), stacked, dims=1)  # row i: client i's head
-            for i, reply in enumerate(seen):
-                new[f"{HEAD_OF}{reply.client}.{name}"] = mixed[i].to(extras[i][name].dtype)
-        return {**body, **pack_prototypes(prototypes, total, with_counts=False), **new}
+            for i in range(len(seen)):
+                combined[i][name] = mixed[i].to(extras[i][HEAD][name].dtype)
+        for reply, head in zip(seen, combined, strict=True):
+            new[head_of(reply.client)] = head
+        return AggregateResult(new)
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        body = {k: v for k, v in message.items() if k not in PACKED and not is_head(k)}
-        return {**body, **self._head(message, state)}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**message[MODEL], **self._head(message, state)}

@@ -32,14 +32,25 @@ Ambiguities settled here (docs/results/pfpl.md lists them too):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
 from protofed.prototypes import (
+    PROTOS,
     embedding_means,
     merge_means,
     pack_prototypes,
@@ -47,9 +58,6 @@ from protofed.prototypes import (
     with_prototype_head,
 )
 from protofed.training.loop import LossFn
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class FedProto(Algorithm):
@@ -78,50 +86,52 @@ class FedProto(Algorithm):
 
     params: Params
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         return {}  # no global prototypes before the first round
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
         if not server:
             return {}
-        return pack_prototypes(server["means"], server["counts"], with_counts=False)
+        dense = server[PROTOS]  # every class's global prototype and its total count
+        return {PROTOS: pack_prototypes(dense["means"], dense["counts"], with_counts=False)}
 
-    def own_model(self, state: Arrays) -> Arrays:
+    def own_model(self, state: Records) -> Arrays:
         """The client's personal model: its state, or the initial weights before round 1."""
-        return state if state else self.setting.init_model
+        return state[MODEL] if state else self.setting.init_model
 
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """The client's training loss given the prototypes it received (eq. 8: CE + lam * dist)."""
         return prototype_regularized_loss(prototypes, present, self.params.lam)
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         num_classes = self.setting.num_classes
         client.load(self.own_model(state))
-        protos, counts = unpack_prototypes(message, num_classes)
+        protos, counts = unpack_prototypes(message.get(PROTOS), num_classes)
         device = client.data.train_x.device
         metrics = client.train_model(loss_fn=self.local_loss(protos.to(device), (counts > 0).to(device)))
         means, class_counts = embedding_means(
             client.model, client.data.train_x, client.data.train_y, num_classes
         )
-        metrics["num_examples"] = float(client.num_examples)
         reply = pack_prototypes(means.cpu(), class_counts.cpu(), with_counts=self.reply_counts)
-        return reply, metrics, client.weights()
+        return FitResult({PROTOS: reply}, metrics, {MODEL: client.weights()})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
         num_classes = self.setting.num_classes
         means, counts = [], []
         for reply in replies:
-            m, c = unpack_prototypes(reply.arrays, num_classes)
+            m, c = unpack_prototypes(reply.records.get(PROTOS), num_classes)
             means.append(m)
             counts.append(c if self.params.weighting == "count" else (c > 0).to(c.dtype))
         if not means:
-            return server
+            return AggregateResult(server)
         merged, total = merge_means(torch.stack(means), torch.stack(counts))
-        return {"means": merged, "counts": total}
+        return AggregateResult({PROTOS: {"means": merged, "counts": total}})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
+    def client_model(self, message: Records, state: Records) -> Arrays:
         weights = self.own_model(state)
-        if self.params.inference == "head" or "proto.means" not in message:
+        if self.params.inference == "head" or PROTOS not in message:
             return weights
-        protos, counts = unpack_prototypes(message, self.setting.num_classes)
+        protos, counts = unpack_prototypes(message[PROTOS], self.setting.num_classes)
         return with_prototype_head(weights, protos, counts > 0)

@@ -55,23 +55,39 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply, Setting
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+    Setting,
+)
+from protofed.core.seeding import SERVER, derive_seed
 from protofed.errors import ConfigError
 from protofed.prototypes import best_kmeans, class_means, shared_class_similarity
-from protofed.core.seeding import SERVER, derive_seed
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
+# records besides "model" (the shared layers)
+MASKS = "masks"  # reply: each shared parameter's per-class activation mask, by its name
+CLASSES = "classes"  # reply: "means" (C, D) raw-feature prototypes, "counts" (C,), "accuracy" (C,)
+LOCAL = "local"  # client state: the layers that are never shared
 
-MASK, PROTO, COUNT, ACC = "mask.", "proto", "count", "acc"
-CLIENT = "client."
+
+def fused_of(client: int) -> str:
+    """The server's record of the shared layers fused for client `client`."""
+    return f"fused.{client}"
+
 Strategy = Literal["overlap", "cluster_avg", "leadership"]
 
 
@@ -307,34 +323,33 @@ class FedSub(Algorithm):
         self.local = [n for n in init if n not in self.shared]
 
     # server -------------------------------------------------------------------------------
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         """The initial shared layers (every client's first message); fused ones are added as
-        `client.<i>.<name>` once client i has taken part."""
-        return {n: self.setting.init_model[n].clone() for n in self.shared}
+        the record `fused.<i>` once client i has taken part."""
+        return {MODEL: {n: self.setting.init_model[n].clone() for n in self.shared}}
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        prefix = f"{CLIENT}{client}."
-        if f"{prefix}{self.shared[0]}" in server:
-            return {n: server[prefix + n] for n in self.shared}
-        return {n: server[n] for n in self.shared}
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        return {MODEL: server.get(fused_of(client), server[MODEL])}
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
         replies = list(replies)
         ids = [r.client for r in replies]
-        means = torch.stack([r.arrays[PROTO] for r in replies])
-        counts = torch.stack([r.arrays[COUNT] for r in replies])
-        accuracy = torch.stack([r.arrays[ACC] for r in replies])
+        means = torch.stack([r.records[CLASSES]["means"] for r in replies])
+        counts = torch.stack([r.records[CLASSES]["counts"] for r in replies])
+        accuracy = torch.stack([r.records[CLASSES]["accuracy"] for r in replies])
         filled, predicted = predict_missing(means, counts, self.params.neighbours)
         labels = cluster_classes(
             filled, (counts > 0) | predicted, self.params.max_clusters, self.setting.seed
         )
         weights = torch.stack(
-            [torch.cat([r.arrays[n].reshape(-1) for n in self.shared]) for r in replies]
+            [torch.cat([r.records[MODEL][n].reshape(-1) for n in self.shared]) for r in replies]
         )
-        masks = torch.stack(
-            [torch.cat([r.arrays[MASK + n].reshape(len(counts[0]), -1) for n in self.shared], 1)
-             for r in replies]
-        )
+        masks = torch.stack([
+            torch.cat([r.records[MASKS][n].reshape(len(counts[0]), -1) for n in self.shared], 1)
+            for r in replies
+        ])
         fused = fuse(weights, masks, counts, accuracy, labels, self.params.fusion,
                      self.params.own_weight)
         new = dict(server)
@@ -342,17 +357,19 @@ class FedSub(Algorithm):
         sizes = [int(np.prod(s)) for s in shapes]
         for row, cid in enumerate(ids):
             parts = fused[row].split(sizes)
-            for n, part, shape in zip(self.shared, parts, shapes, strict=True):
-                new[f"{CLIENT}{cid}.{n}"] = part.reshape(shape).clone()
-        return new
+            new[fused_of(cid)] = {
+                n: part.reshape(shape).clone()
+                for n, part, shape in zip(self.shared, parts, shapes, strict=True)
+            }
+        return AggregateResult(new)
 
     # client -------------------------------------------------------------------------------
-    def _local_part(self, state: Arrays) -> Arrays:
-        return state if state else {n: self.setting.init_model[n] for n in self.local}
+    def _local_part(self, state: Records) -> Arrays:
+        return state[LOCAL] if state else {n: self.setting.init_model[n] for n in self.local}
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(self._local_part(state))
-        client.load(message)
+        client.load(message[MODEL])
         metrics = client.train_model()
         data = client.data
         c = self.setting.num_classes
@@ -361,11 +378,12 @@ class FedSub(Algorithm):
         )
         protos, counts = class_means(data.train_x, data.train_y, c)
         weights = client.weights()
-        reply: Arrays = {n: weights[n] for n in self.shared}
-        reply.update({MASK + n: masks[n] for n in self.shared})
-        reply.update({PROTO: protos, COUNT: counts, ACC: accuracy})
-        metrics["num_examples"] = float(client.num_examples)
-        return reply, metrics, {n: weights[n] for n in self.local}
+        reply = {
+            MODEL: {n: weights[n] for n in self.shared},
+            MASKS: {n: masks[n] for n in self.shared},
+            CLASSES: {"means": protos, "counts": counts, "accuracy": accuracy},
+        }
+        return FitResult(reply, metrics, {LOCAL: {n: weights[n] for n in self.local}})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        return {**self._local_part(state), **message}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**self._local_part(state), **message[MODEL]}

@@ -44,13 +44,14 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from protofed.algorithms.base import AggregateResult, Hyperparams, Records, Reply
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
-from protofed.algorithms.base import Arrays, Hyperparams, Reply
 from protofed.algorithms.fedproto import FedProto
-from protofed.prototypes import pack_prototypes, unpack_prototypes
+from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
 from protofed.training.loop import LossFn
 
 Weighting = Literal["inverse", "softmax", "literal"]
+BANK = "bank"  # the server's record: every client's latest local prototypes, (M, C, D) and (M, C)
 
 
 def neighbour_weights(
@@ -144,28 +145,31 @@ class PFPL(FedProto):
 
     params: Params
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         m, c = self.setting.num_clients, self.setting.num_classes
         dim = self.setting.init_model["head.weight"].shape[1]
-        return {"means": torch.zeros(m, c, dim), "counts": torch.zeros(m, c)}
+        return {BANK: {"means": torch.zeros(m, c, dim), "counts": torch.zeros(m, c)}}
 
-    def configure(self, server: Arrays, client: int, round: int) -> Arrays:
-        if not bool((server["counts"][client] > 0).any()):
+    def configure(self, server: Records, client: int, server_round: int) -> Records:
+        bank = server[BANK]
+        if not bool((bank["counts"][client] > 0).any()):
             return {}  # nothing uploaded yet: nothing to personalize
         p = self.params
         protos, present = personalized_prototypes(
-            server["means"], server["counts"], client, p.alpha, p.weights, p.temperature
+            bank["means"], bank["counts"], client, p.alpha, p.weights, p.temperature
         )
-        return pack_prototypes(protos, present.to(protos.dtype), with_counts=False)
+        return {PROTOS: pack_prototypes(protos, present.to(protos.dtype), with_counts=False)}
 
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
         personalized prototypes."""
         return prototype_regularized_loss(prototypes, present, self.params.lam, self.params.align)
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        means, counts = server["means"].clone(), server["counts"].clone()
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        means, counts = server[BANK]["means"].clone(), server[BANK]["counts"].clone()
         for reply in replies:
-            m, c = unpack_prototypes(reply.arrays, self.setting.num_classes)
+            m, c = unpack_prototypes(reply.records.get(PROTOS), self.setting.num_classes)
             means[reply.client], counts[reply.client] = m, c
-        return {"means": means, "counts": counts}
+        return AggregateResult({BANK: {"means": means, "counts": counts}})

@@ -33,21 +33,33 @@ Decisions (the paper and the authors' code, cheng-haha/ProtoHAR, read for unders
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
-from protofed.algorithms.common.aggregation import split_off, weighted_mean
+from protofed.algorithms.base import (
+    MODEL,
+    AggregateResult,
+    Algorithm,
+    Arrays,
+    Client,
+    FitResult,
+    Hyperparams,
+    Records,
+    Reply,
+)
+from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.decoupled import head_then_aligned_body
 from protofed.algorithms.common.split import split_arrays
-from protofed.algorithms.base import Algorithm, Arrays, Hyperparams, Metrics, Reply
-from protofed.prototypes import embedding_means, merge_means, pack_prototypes, unpack_prototypes
+from protofed.prototypes import (
+    PROTOS,
+    embedding_means,
+    merge_means,
+    pack_prototypes,
+    unpack_prototypes,
+)
 
-if TYPE_CHECKING:
-    from protofed.training.client import Client
-
-PACKED = ("proto.classes", "proto.means", "proto.counts")  # `pack_prototypes`: present rows only
+HEAD = "head"  # a client's state: its personal head
 
 
 def client_mean_prototypes(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,35 +97,38 @@ class ProtoHAR(Algorithm):
 
     params: Params
 
-    def init_server(self) -> Arrays:
+    def init_server(self) -> Records:
         body, head = split_arrays(self.setting.init_model)
         weight = head["head.weight"]  # (classes, embedding dim): no prototype yet
-        return {**body, **pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
-                                          with_counts=False)}
+        none = pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
+                               with_counts=False)
+        return {MODEL: body, PROTOS: none}
 
-    def local_head(self, state: Arrays) -> Arrays:
-        return state if state else split_arrays(self.setting.init_model)[1]
+    def local_head(self, state: Records) -> Arrays:
+        return state[HEAD] if state else split_arrays(self.setting.init_model)[1]
 
-    def fit(self, client: Client, message: Arrays, state: Arrays) -> tuple[Arrays, Metrics, Arrays]:
-        client.load({k: v for k, v in message.items() if k not in PACKED})
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(message[MODEL])
         client.load(self.local_head(state))
-        metrics = head_then_aligned_body(client, message, self.params, self.setting.num_classes)
+        metrics = head_then_aligned_body(client, message[PROTOS], self.params,
+                                         self.setting.num_classes)
         means, counts = embedding_means(
             client.model, client.data.train_x, client.data.train_y, self.setting.num_classes
         )
         body, head = split_arrays(client.weights())
-        metrics["num_examples"] = float(client.num_examples)
-        return {**body, **pack_prototypes(means, counts)}, metrics, head
+        return FitResult({MODEL: body, PROTOS: pack_prototypes(means, counts)}, metrics,
+                         {HEAD: head})
 
-    def aggregate(self, server: Arrays, replies: Iterable[Reply], round: int) -> Arrays:
-        protos: list[Arrays] = []
-        body, _ = weighted_mean(split_off(replies, PACKED, protos))
-        dense = [unpack_prototypes(p, self.setting.num_classes) for p in protos]
+    def aggregate(
+        self, server: Records, replies: Iterable[Reply], server_round: int
+    ) -> AggregateResult:
+        mean, seen = weighted_mean(replies, records=[MODEL])
+        dense = [unpack_prototypes(r.records[PROTOS], self.setting.num_classes) for r in seen]
         means, clients = client_mean_prototypes(
             torch.stack([m for m, _ in dense]), torch.stack([c for _, c in dense])
         )
-        return {**body, **pack_prototypes(means, clients, with_counts=False)}
+        return AggregateResult(
+            {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)})
 
-    def client_model(self, message: Arrays, state: Arrays) -> Arrays:
-        body = {k: v for k, v in message.items() if k not in PACKED}
-        return {**body, **self.local_head(state)}
+    def client_model(self, message: Records, state: Records) -> Arrays:
+        return {**message[MODEL], **self.local_head(state)}

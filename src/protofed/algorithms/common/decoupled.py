@@ -14,17 +14,14 @@ ProtoHAR keeps heads local and averages prototypes per client), so only this upd
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.algorithms.common.split import body_parameters, head_parameters
-from protofed.algorithms.base import Arrays, Metrics
+from protofed.core.types import Arrays, Client, Metrics
 from protofed.prototypes import unpack_prototypes
-
-if TYPE_CHECKING:
-    from protofed.training.client import Client
 
 
 class DecoupledParams(Protocol):
@@ -37,14 +34,14 @@ class DecoupledParams(Protocol):
 
 
 def head_then_aligned_body(
-    client: Client, message: Arrays, params: DecoupledParams, num_classes: int
+    client: Client, protos: Arrays, params: DecoupledParams, num_classes: int
 ) -> Metrics:
     """Train the workspace model's head, then its body with prototype alignment; metrics.
 
-    The global prototypes come packed in `message` (`prototypes.pack_prototypes`).
+    The global prototypes come packed in `protos` (`prototypes.pack_prototypes`).
     `body_epochs=None` means `train.local_epochs`; `head_lr=None` means `train.lr`.
     """
-    prototypes, present = unpack_prototypes(message, num_classes)
+    prototypes, present = unpack_prototypes(protos, num_classes)
     model = client.model
     head_epochs, lam, head_lr = params.head_epochs, params.lam, params.head_lr
     body_epochs = client.train.local_epochs if params.body_epochs is None else params.body_epochs
