@@ -98,8 +98,10 @@ def run(
             from protofed.flower import require_flower
 
             require_flower()
-            from protofed.flower.engine import run_simulation_loop
-            from protofed.flower.engine import start  # noqa: F811 - same signature, Flower engine
+            from protofed.flower.engine import (
+                run_simulation_loop,
+                start,  # noqa: F811 - same signature, Flower engine
+            )
 
             run_loop = run_simulation_loop
         if resume_dir is not None:
@@ -153,17 +155,27 @@ def run(
 
 @app.command("list")
 def list_() -> None:
-    """Every algorithm, data set, partitioner and model, one line each."""
-    from protofed.algorithms import ALGORITHMS
-    from protofed.data import DATASETS, PARTITIONERS
-    from protofed.models import MODELS
+    """Every algorithm, data set, partitioner and model, one line each (plugins included)."""
+    from protofed import algorithms, data, models
+    from protofed.data import PARTITIONERS
+    from protofed.plugins import provider
+
+    def lines(kind: str, described: dict[str, str]) -> dict[str, str]:
+        """Each entry's line, with the distribution that provides it where a plugin does."""
+        out = {}
+        for name, line in described.items():
+            dist = provider(kind, name)
+            out[name] = line if dist is None else f"{line} (plugin: {dist})"
+        return out
 
     for title, items in (
-        ("algorithms", {k: v.summary for k, v in ALGORITHMS.items()}),
-        ("datasets", {k: v.description for k, v in DATASETS.items()}),
+        ("algorithms", lines("algorithms", {k: v.summary
+                                            for k, v in algorithms.load_plugins().items()})),
+        ("datasets", lines("datasets", {k: v.description
+                                        for k, v in data.load_plugins().items()})),
         ("partitioners", {k: v[0] if isinstance(v, tuple) else v.description
                           for k, v in PARTITIONERS.items()}),
-        ("models", {k: v.description for k, v in MODELS.items()}),
+        ("models", lines("models", {k: v.description for k, v in models.load_plugins().items()})),
     ):
         table = Table(title=title, show_header=False, box=None, title_justify="left")
         table.add_column(style="bold cyan")

@@ -18,6 +18,7 @@ import pkgutil
 
 from pydantic import ValidationError
 
+from protofed import plugins
 from protofed.algorithms.base import (
     MODEL,
     AggregateResult,
@@ -51,7 +52,10 @@ __all__ = [
     "Records",
     "Reply",
     "Setting",
+    "algorithm_class",
     "build_algorithm",
+    "load_plugins",
+    "register_algorithm",
 ]
 
 _MODULES = sorted(
@@ -80,7 +84,30 @@ def _discover() -> dict[str, type[Algorithm]]:
 ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Decorator: make `cls` known by its `name` to configs, the CLI and `protofed list`."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"register_algorithm takes an Algorithm subclass, not {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
+        raise ConfigError(f"{cls.__name__}: an algorithm needs class attributes name and summary")
+    if ALGORITHMS.get(name, cls) is not cls:
+        raise ConfigError(f"an algorithm named '{name}' is already registered "
+                          f"({ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__})")
+    ALGORITHMS[name] = cls
+    plugins.origin("algorithms", name)
+    return cls
+
+
+def load_plugins() -> dict[str, type[Algorithm]]:
+    """Every algorithm, installed plugins' included (`protofed.plugins`)."""
+    plugins.load("algorithms", register_algorithm)
+    return ALGORITHMS
+
+
 def algorithm_class(name: str) -> type[Algorithm]:
+    if name not in ALGORITHMS:
+        load_plugins()
     try:
         return ALGORITHMS[name]
     except KeyError:

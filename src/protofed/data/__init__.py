@@ -7,7 +7,14 @@ from protofed.data.federated import (
     stratified_split,
 )
 from protofed.data.partition import PARTITIONERS, partition
-from protofed.data.sources import DATASETS, DatasetInfo, data_root, load_dataset
+from protofed.data.sources import (
+    DATASETS,
+    DatasetInfo,
+    data_root,
+    load_dataset,
+    load_plugins,
+    register_dataset,
+)
 from protofed.data.types import Dataset
 
 __all__ = [
@@ -20,6 +27,8 @@ __all__ = [
     "build_federated",
     "data_root",
     "load_dataset",
+    "load_plugins",
     "partition",
+    "register_dataset",
     "stratified_split",
 ]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from protofed import plugins
 from protofed.config import DataConfig
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
@@ -837,8 +838,34 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 
+def register_dataset(
+    name: str, description: str, source: str = "", needs_root: bool = False
+) -> Callable[[Callable[[DataConfig], Dataset]], Callable[[DataConfig], Dataset]]:
+    """Decorator for a loader `(cfg: DataConfig) -> Dataset`: makes `data.name=<name>` load it.
+
+    `needs_root`: it reads files under the data root (`data.dir`); `source`: where to get them.
+    """
+
+    def decorate(loader: Callable[[DataConfig], Dataset]) -> Callable[[DataConfig], Dataset]:
+        if name in DATASETS and DATASETS[name].loader is not loader:
+            raise ConfigError(f"a data set named '{name}' is already registered")
+        DATASETS[name] = DatasetInfo(description, loader, source, needs_root)
+        plugins.origin("datasets", name)
+        return loader
+
+    return decorate
+
+
+def load_plugins() -> dict[str, DatasetInfo]:
+    """Every data set, installed plugins' included (their modules register with the decorator)."""
+    plugins.load("datasets")
+    return DATASETS
+
+
 def load_dataset(cfg: DataConfig) -> Dataset:
     """Load the data set named by data.name; an unknown name suggests the closest valid one."""
+    if cfg.name not in DATASETS:
+        load_plugins()
     info = DATASETS.get(cfg.name)
     if info is None:
         close = difflib.get_close_matches(cfg.name, list(DATASETS), n=1)

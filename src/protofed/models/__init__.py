@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from protofed import plugins
 from protofed.config import ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
@@ -73,8 +74,34 @@ MODELS: dict[str, ModelInfo] = {
 ALP_MODELS = ("hart", "vit_tiny")  # the models that take model.alp.enabled=true
 
 
+def register_model(
+    name: str, description: str, inputs: str = "any"
+) -> Callable[[Builder], Builder]:
+    """Decorator for a builder `(cfg: ModelConfig, input_shape, num_classes) -> FedModel`:
+    makes `model.name=<name>` build it. `inputs`: "any", "image" or "sensor"."""
+    if inputs not in ("any", "image", "sensor"):
+        raise ConfigError(f"register_model('{name}'): inputs must be any, image or sensor")
+
+    def decorate(build: Builder) -> Builder:
+        if name in MODELS and MODELS[name].build is not build:
+            raise ConfigError(f"a model named '{name}' is already registered")
+        MODELS[name] = ModelInfo(description, build, inputs)
+        plugins.origin("models", name)
+        return build
+
+    return decorate
+
+
+def load_plugins() -> dict[str, ModelInfo]:
+    """Every model, installed plugins' included (their modules register with the decorator)."""
+    plugins.load("models")
+    return MODELS
+
+
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FedModel:
     """Build `cfg.name` for samples of `input_shape` and `num_classes` classes."""
+    if cfg.name not in MODELS:
+        load_plugins()
     info = MODELS.get(cfg.name)
     if info is None:
         close = difflib.get_close_matches(cfg.name, list(MODELS), n=3, cutoff=0.5)
@@ -93,6 +120,8 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
 
 
 __all__ = [
+    "register_model",
+    "load_plugins",
     "CNN",
     "CNN1D",
     "HARCNN",

@@ -1,0 +1,143 @@
+"""Extending protofed: the register decorators, and an installed plugin distribution whose
+algorithm, model and data set appear in `protofed list` and run from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import protofed
+from protofed.errors import ConfigError
+
+BIN = Path(sys.executable).parent
+
+PLUGIN = '''
+"""A tiny protofed plugin: one algorithm, one model, one data set."""
+
+import numpy as np
+from torch import nn
+
+import protofed
+from protofed.algorithms.base import MODEL, Algorithm, FitResult
+from protofed.data.types import Dataset
+from protofed.models.base import FedModel
+
+
+@protofed.register_algorithm
+class HalfStep(Algorithm):
+    name = "halfstep"
+    summary = "Local SGD with the learning rate halved; the weighted mean."
+
+    def fit(self, client, message, state):
+        client.load(message[MODEL])
+        metrics = client.train_model(lr=client.train.lr / 2)
+        return FitResult({MODEL: client.weights()}, metrics)
+
+
+class Linear(FedModel):
+    def __init__(self, inputs, classes):
+        super().__init__()
+        self.features = nn.Flatten()
+        self.head = nn.Linear(inputs, classes)
+
+
+@protofed.register_model("tinylinear", "a linear classifier on the flattened input")
+def build(cfg, input_shape, num_classes):
+    return Linear(int(np.prod(input_shape)), num_classes)
+
+
+@protofed.register_dataset("stripes", "four noisy classes of 8 features (generated)")
+def load(cfg):
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), 60)
+    X = (rng.normal(size=(240, 8)) + 3 * np.eye(4, 8)[y]).astype(np.float32)
+    return Dataset(name="stripes", X=X, y=y, num_classes=4, class_names=["a", "b", "c", "d"])
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "protofed-stripes"
+version = "0.0.1"
+
+[tool.setuptools]
+py-modules = ["protofed_stripes"]
+
+[project.entry-points."protofed.algorithms"]
+halfstep = "protofed_stripes"
+
+[project.entry-points."protofed.models"]
+tinylinear = "protofed_stripes"
+
+[project.entry-points."protofed.datasets"]
+stripes = "protofed_stripes"
+'''
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The plugin built and installed (no network, no build isolation) into its own path."""
+    root = tmp_path_factory.mktemp("plugin")
+    source, site = root / "src", root / "site"
+    source.mkdir()
+    (source / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    (source / "protofed_stripes.py").write_text(textwrap.dedent(PLUGIN))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(site), str(source)],
+        check=True, capture_output=True, timeout=120,
+    )
+    return site
+
+
+def _protofed(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site), "FLWR_TELEMETRY_ENABLED": "0", "COLUMNS": "200"}
+    return subprocess.run([str(BIN / "protofed"), *args], env=env, cwd=cwd, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
+    listed = _protofed(installed, "list", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    for name in ("halfstep", "tinylinear", "stripes"):
+        line = next(x for x in listed.stdout.splitlines() if x.strip().startswith(name))
+        assert "plugin: protofed-stripes" in line
+    run = _protofed(installed, "run", "-s", "algorithm.name=halfstep", "-s", "model.name=tinylinear",
+                    "-s", "data.name=stripes", "-s", "data.num_clients=3", "-s", "train.rounds=2",
+                    "-s", "train.lr=0.5", "-s", "train.local_epochs=3",
+                    "--out", "r", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["algorithm"] == "halfstep" and summary["dataset"] == "stripes"
+    assert summary["model"] == "tinylinear" and summary["rounds"] == 2
+    assert summary["final"]["personalization"]["acc"] > 0.5  # four separable classes
+
+
+def test_without_the_plugin_its_names_are_unknown(tmp_path) -> None:
+    run = subprocess.run([str(BIN / "protofed"), "run", "-s", "algorithm.name=halfstep",
+                          "--out", "r"], cwd=tmp_path, text=True, capture_output=True, timeout=120)
+    assert run.returncode == 2 and "unknown algorithm.name 'halfstep'" in run.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_decorators_refuse_duplicates_and_wrong_types() -> None:
+    from protofed.algorithms.fedavg import FedAvg
+
+    with pytest.raises(ConfigError, match="already registered"):
+        protofed.register_algorithm(type("Other", (FedAvg,), {"name": "fedavg"}))
+    with pytest.raises(ConfigError, match="Algorithm subclass"):
+        protofed.register_algorithm(object)
+    with pytest.raises(ConfigError, match="already registered"):
+        protofed.register_model("mlp", "another mlp")(lambda cfg, shape, classes: None)
+    with pytest.raises(ConfigError, match="already registered"):
+        protofed.register_dataset("digits", "other digits")(lambda cfg: None)
+    assert protofed.register_algorithm(FedAvg) is FedAvg  # registering the same class is a no-op
