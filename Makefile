@@ -11,22 +11,22 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[all]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
 	touch $(STAMP)
 
 run: install
 	$(BIN)/protofed run configs/quickstart.yaml --out runs/quickstart --force
 
-test: install
-	$(BIN)/ruff check src tests benchmarks
+test: lint
 	$(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

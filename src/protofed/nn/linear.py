@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_POINTWISE = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+POINTWISE = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 _MKL_WEIGHT_GRAD_FROM = 2**21  # MKL's outer product wins for the largest weight gradients
 
 
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return _POINTWISE(x, w, b, "none", [], "")
+    return POINTWISE(x, w, b, "none", [], "")
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -49,7 +49,7 @@ class _OneDnnLinear(torch.autograd.Function):
 def _onednn_operands(*tensors: torch.Tensor) -> bool:
     """oneDNN's kernel is there and wins: 2-D float32 CPU operands, one thread."""
     return (
-        _POINTWISE is not None
+        POINTWISE is not None
         and torch.get_num_threads() == 1
         and all(t.dim() == 2 and t.device.type == "cpu" and t.dtype == torch.float32
                 for t in tensors)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.nn.linear import _POINTWISE
+from protofed.nn.linear import POINTWISE
 
 # From this many weights on, `W.addmm_(-lr * dY^T X)` beats oneDNN's dW followed by `W -= lr dW`:
 # it never writes dW, and for harcnn's 1024 x 1664 layer that traffic is what two workers
@@ -71,15 +71,15 @@ def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
     return layers
 
 
-class _Kernels:
+class Kernels:
     """Matrix products: oneDNN when single-threaded (see protofed.nn.linear), else aten."""
 
     def __init__(self) -> None:
-        self.onednn = _POINTWISE is not None and torch.get_num_threads() == 1
+        self.onednn = POINTWISE is not None and torch.get_num_threads() == 1
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.onednn:
-            return _POINTWISE(x, w, b, "none", [], "")
+            return POINTWISE(x, w, b, "none", [], "")
         return F.linear(x, w, b)
 
     def input_grad(self, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ def _pool_backward(g: torch.Tensor, first: torch.Tensor, length: int) -> torch.T
 
 
 @torch.no_grad()
-def sgd_step(layers: list[nn.Module], kernels: _Kernels, x: torch.Tensor, y: torch.Tensor,
+def sgd_step(layers: list[nn.Module], kernels: Kernels, x: torch.Tensor, y: torch.Tensor,
              lr: float) -> torch.Tensor:
     """One SGD step on the mean cross-entropy; returns the (pre-update) loss."""
     saved: list[object] = []

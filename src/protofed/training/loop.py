@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.config import TrainConfig
-from protofed.training.fused import _Kernels, sequential_layers, sgd_step
+from protofed.training.fused import Kernels, sequential_layers, sgd_step
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -119,7 +119,7 @@ def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.M
 
 
 def _train_fused(layers, x, y, train, generator, epochs, lr) -> dict[str, float]:
-    kernels = _Kernels()
+    kernels = Kernels()
     lr = train.lr if lr is None else lr
     total = torch.zeros(())
     steps = 0

@@ -1,0 +1,56 @@
+"""The architecture's contracts that import-linter does not check.
+
+(The layers themselves are import-linter's contract in pyproject.toml, run by `make test`.)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "protofed"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _private_uses(path: Path) -> list[str]:
+    """`from protofed.x import _name` and `alias._name` (alias a protofed module) in a file."""
+    tree = ast.parse(path.read_text())
+    here = _module_name(path)
+    found: list[str] = []
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("protofed"):
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    if node.module != here:
+                        found.append(f"{here}: from {node.module} import {alias.name}")
+                aliases[alias.asname or alias.name] = target
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("protofed"):
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            found.append(f"{here}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    uses = [use for path in sorted(SRC.rglob("*.py")) for use in _private_uses(path)]
+    assert not uses, "private names used across modules:\n" + "\n".join(uses)
+
+
+def test_the_checker_sees_a_private_import(tmp_path, monkeypatch) -> None:
+    probe = tmp_path / "protofed" / "zz_probe.py"
+    probe.parent.mkdir()
+    probe.write_text("from protofed.report import _hidden\nimport protofed.report as r\nr._x\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path / "protofed")
+    assert _private_uses(probe) == ["protofed.zz_probe: from protofed.report import _hidden",
+                                    "protofed.zz_probe: r._x"]
