@@ -23,18 +23,18 @@ from pathlib import Path
 
 import torch
 
-from protofed.algorithms import _ala
+from protofed.algorithms.common import ala as ala_module
 from protofed.config import load_config
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.runtime import prepare, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class AlaClock:
-    """Wraps `_ala.adapt` (looked up at call time by the plug-in) to time it and keep its metrics."""
+    """Wraps `ala.adapt` (looked up at call time by the plug-in) to time it and keep its metrics."""
 
     def __init__(self) -> None:
-        self.real = _ala.adapt
+        self.real = ala_module.adapt
         self.seconds = 0.0
         self.cpu = 0.0
         self.metrics: list[dict] = []
@@ -58,9 +58,9 @@ def measure(overrides: list[str], config: str, rounds: int) -> dict:
         *overrides, f"train.rounds={rounds}", "train.threads=1", "train.workers=1",
         f"eval.every={rounds}", "eval.generalization=false",
     ])
-    sim = Simulation(prepare(cfg))
+    sim = simulate(prepare(cfg))
     clock = AlaClock()
-    _ala.adapt = clock
+    ala_module.adapt = clock
     per_round = []
     try:
         for r in range(1, rounds + 1):
@@ -85,7 +85,7 @@ def measure(overrides: list[str], config: str, rounds: int) -> dict:
                 "down_bytes": sim.progress.down_bytes - before[1],
             })
     finally:
-        _ala.adapt = clock.real
+        ala_module.adapt = clock.real
     scores = sim.evaluate(rounds)
     return {
         "algorithm": sim.algorithm.name,
