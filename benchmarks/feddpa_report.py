@@ -10,7 +10,7 @@ whose accuracy reaches 95 % of the mean of the last two evaluations (the paper's
 reach stable performance" gives no rule; this is ours). Methods without a global model
 (FedProto, FedRep, FedPer) are measured on personalization accuracy instead. Seeds are
 summarised as mean ± sample std (ddof 1). FedDPA runs also show the server's diagnostics of
-the last round (`feddpa.stats` in checkpoint.pt).
+the last round (the server metrics of `summary.json`, `final.server`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 NAME = re.compile(r"^d(?P<setting>[\d.]+)_(?P<variant>.+)_s(?P<seed>\d+)$")
 STATS = ["mean lambda_k", "mean Het_k", "groups", "L_sep before", "L_sep after", "min distance"]
+SERVER_METRICS = ["lambda_mean", "heterogeneity_mean", "groups", "separation_before",
+                  "separation_after", "min_distance"]  # FedDPA's server metrics, as STATS
 
 
 def load(run: Path) -> dict | None:
@@ -52,11 +52,9 @@ def load(run: Path) -> dict | None:
         "s_per_round": s["time"]["train_s_per_round"],
         "mb_up_per_round": s["comm"]["up_bytes_per_round"] / 1e6,
     }
-    ckpt = run / "checkpoint.pt"
-    if s["algorithm"] == "feddpa" and ckpt.is_file():
-        server = torch.load(ckpt, weights_only=True)["server"]
-        if "feddpa.stats" in server:
-            out["stats"] = server["feddpa.stats"].tolist()
+    server = s["final"].get("server") or {}
+    if s["algorithm"] == "feddpa" and server:
+        out["stats"] = [server[key] for key in SERVER_METRICS]
     return out
 
 

@@ -59,8 +59,9 @@ Ambiguities settled here (docs/results/feddpa.md lists them too):
   for a single-step averaging"): FedAvg's sample-weighted mean of the weights and the
   count-weighted mean of the prototypes.
 - Without adaptive regularisation ("a fixed, non-adaptive value"): lambda = `fixed_lambda`,
-  by default alpha (the Het term removed). Clients report their lambda_k and the server keeps
-  the round's mean in `feddpa.stats`, so a run can be repeated with `fixed_lambda` at the
+  by default alpha (the Het term removed). Clients report their lambda_k and the server
+  reports the round's mean as its metric `lambda_mean` (metrics.jsonl, `server`), so a run
+  can be repeated with `fixed_lambda` at the
   adaptive run's mean. Het_k costs one extra forward pass over the client's training split.
 - The contrastive step changes only the prototypes: L_contrast has no term in the model's
   weights (the server has no data), so "update global model" acts through the prototypes the
