@@ -54,10 +54,17 @@ class AlaClock:
 
 
 def measure(overrides: list[str], config: str, rounds: int) -> dict:
-    cfg = load_config(config, [
-        *overrides, f"train.rounds={rounds}", "train.threads=1", "train.workers=1",
-        f"eval.every={rounds}", "eval.generalization=false",
-    ])
+    cfg = load_config(
+        config,
+        [
+            *overrides,
+            f"train.rounds={rounds}",
+            "train.threads=1",
+            "train.workers=1",
+            f"eval.every={rounds}",
+            "eval.generalization=false",
+        ],
+    )
     sim = simulate(prepare(cfg))
     clock = AlaClock()
     ala_module.adapt = clock
@@ -70,20 +77,22 @@ def measure(overrides: list[str], config: str, rounds: int) -> dict:
             wall, cpu = time.perf_counter() - t, time.process_time() - c
             ala_s, ala_cpu, metrics = clock.take()
             epochs = [m["ala_epochs"] for m in metrics if m]
-            per_round.append({
-                "round": r,
-                "train_s": wall,
-                "train_cpu_s": cpu,
-                "ala_s": ala_s,
-                "ala_cpu_s": ala_cpu,
-                "ala_clients": len(epochs),
-                "ala_start_clients": sum(1 for m in metrics if m and m["ala_start"]),
-                "ala_epochs_mean": statistics.fmean(epochs) if epochs else 0.0,
-                "ala_epochs_max": max(epochs) if epochs else 0.0,
-                "ala_weights": next((m["ala_weights"] for m in metrics if m), 0.0),
-                "up_bytes": sim.progress.up_bytes - before[0],
-                "down_bytes": sim.progress.down_bytes - before[1],
-            })
+            per_round.append(
+                {
+                    "round": r,
+                    "train_s": wall,
+                    "train_cpu_s": cpu,
+                    "ala_s": ala_s,
+                    "ala_cpu_s": ala_cpu,
+                    "ala_clients": len(epochs),
+                    "ala_start_clients": sum(1 for m in metrics if m and m["ala_start"]),
+                    "ala_epochs_mean": statistics.fmean(epochs) if epochs else 0.0,
+                    "ala_epochs_max": max(epochs) if epochs else 0.0,
+                    "ala_weights": next((m["ala_weights"] for m in metrics if m), 0.0),
+                    "up_bytes": sim.progress.up_bytes - before[0],
+                    "down_bytes": sim.progress.down_bytes - before[1],
+                }
+            )
     finally:
         ala_module.adapt = clock.real
     scores = sim.evaluate(rounds)
@@ -129,8 +138,10 @@ def compare(plain: dict, ala: dict) -> dict:
         "fedavg_down": _mean(plain["per_round"], "down_bytes"),
         "ala_up": _mean(ala["per_round"], "up_bytes"),
         "ala_down": _mean(ala["per_round"], "down_bytes"),
-        "extra_bytes": _mean(ala["per_round"], "up_bytes") + _mean(ala["per_round"], "down_bytes")
-        - _mean(plain["per_round"], "up_bytes") - _mean(plain["per_round"], "down_bytes"),
+        "extra_bytes": _mean(ala["per_round"], "up_bytes")
+        + _mean(ala["per_round"], "down_bytes")
+        - _mean(plain["per_round"], "up_bytes")
+        - _mean(plain["per_round"], "down_bytes"),
         "identical_every_round": bytes_equal,
     }
     return out
@@ -141,8 +152,14 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs" / "fedala_mnist_pathological.yaml"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("-s", "--set", dest="overrides", action="append", default=[],
-                    help="extra config override, e.g. -s algorithm.ala.p=2")
+    ap.add_argument(
+        "-s",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="extra config override, e.g. -s algorithm.ala.p=2",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "ala_overhead.json"))
     args = ap.parse_args()
     base = [f"data.dir={args.data_dir}", "algorithm.name=fedavg", *args.overrides]
@@ -152,9 +169,12 @@ def main() -> None:
         "config": str(Path(args.config).resolve().relative_to(ROOT)),
         "overrides": args.overrides,
         "rounds": args.rounds,
-        "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-                    "threads": 1, "note": "CPU seconds are this process's; wall seconds depend "
-                    "on what else ran on the machine"},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "threads": 1,
+            "note": "CPU seconds are this process's; wall seconds depend on what else ran on the machine",
+        },
         "summary": compare(plain, ala),
         "fedavg": plain,
         "fedavg_ala": ala,

@@ -14,9 +14,32 @@ from pathlib import Path
 from protofed.report import collect
 
 ORDER = [
-    "local", "centralized", "fedavg", "fedprox", "moon", "fedbn", "fedper", "fedrep", "ditto",
-    "apfl", "fedrod", "fedbabu", "perfedavg", "pfedme", "fedala", "fedproto", "pfpl", "fedpac",
-    "fednh", "protohar", "feddpa", "fedclar", "fedhome", "fedsub", "fedali", "fedavg_vit",
+    "local",
+    "centralized",
+    "fedavg",
+    "fedprox",
+    "moon",
+    "fedbn",
+    "fedper",
+    "fedrep",
+    "ditto",
+    "apfl",
+    "fedrod",
+    "fedbabu",
+    "perfedavg",
+    "pfedme",
+    "fedala",
+    "fedproto",
+    "pfpl",
+    "fedpac",
+    "fednh",
+    "protohar",
+    "feddpa",
+    "fedclar",
+    "fedhome",
+    "fedsub",
+    "fedali",
+    "fedavg_vit",
 ]
 
 
@@ -33,14 +56,20 @@ def main() -> None:
     args = parser.parse_args()
     dirs = sorted(d for d in args.runs.iterdir() if (d / "summary.json").exists())
     rank = {name: i for i, name in enumerate(ORDER)}
-    rows = sorted(collect(dirs, args.which), key=lambda r: (rank.get(r["run"], len(ORDER)), r["run"]))
-    print("| algorithm | round | pers. acc | pers. F1 | gen. F1 | global F1 | s / round | MB / round |")
+    rows = sorted(
+        collect(dirs, args.which), key=lambda r: (rank.get(r["run"], len(ORDER)), r["run"])
+    )
+    print(
+        "| algorithm | round | pers. acc | pers. F1 | gen. F1 | global F1 | s / round | MB / round |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb = (r["up_MB"] + r["down_MB"]) / max(r["rounds"], 1)
-        print(f"| `{r['run']}` | {r['round']} | {pct(r['pers_acc'])} | "
-              f"{pct(r['pers_f1'], r['pers_f1_std'])} | {pct(r['gen_f1'], r['gen_f1_std'])} | "
-              f"{pct(r['global_f1'])} | {r['s_per_round']:.2f} | {mb:.1f} |")
+        print(
+            f"| `{r['run']}` | {r['round']} | {pct(r['pers_acc'])} | "
+            f"{pct(r['pers_f1'], r['pers_f1_std'])} | {pct(r['gen_f1'], r['gen_f1_std'])} | "
+            f"{pct(r['global_f1'])} | {r['s_per_round']:.2f} | {mb:.1f} |"
+        )
 
 
 if __name__ == "__main__":

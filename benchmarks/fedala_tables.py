@@ -28,7 +28,9 @@ def load(report_csv: Path) -> dict[tuple[str, str, str], list[dict]]:
         for row in csv.DictReader(f):
             m = NAME.match(row["run"])
             if m is None:
-                raise SystemExit(f"{report_csv}: run name {row['run']!r} does not follow the scheme")
+                raise SystemExit(
+                    f"{report_csv}: run name {row['run']!r} does not follow the scheme"
+                )
             groups[(m["dataset"], m["setting"], m["rest"])].append(row)
     return groups
 
@@ -51,8 +53,10 @@ def pivot(groups, rows_order, columns, title) -> str:
         if any(c != "-" for c in cells):
             lines.append("| " + " | ".join([algo, *cells]) + " |")
     seeds = sorted({len(v) for (d, s, a), v in groups.items() if (d, s) in columns})
-    lines += ["", f"Seeds per cell: {', '.join(map(str, seeds))} (mean ± population std over "
-              "seeds; one number = one seed)."]
+    lines += [
+        "",
+        f"Seeds per cell: {', '.join(map(str, seeds))} (mean ± population std over seeds; one number = one seed).",
+    ]
     return "\n".join(lines)
 
 
@@ -64,8 +68,11 @@ def ala_weights_per_p(dataset: str) -> list[tuple[int, list[str], int]]:
     from protofed.config import ModelConfig
     from protofed.models import build_model
 
-    shape, classes = {"mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
-                      "cifar100": ((3, 32, 32), 100)}[dataset]
+    shape, classes = {
+        "mnist": ((1, 28, 28), 10),
+        "cifar10": ((3, 32, 32), 10),
+        "cifar100": ((3, 32, 32), 100),
+    }[dataset]
     model = build_model(ModelConfig(name="pflcnn"), shape, classes)
     weights = {k: v for k, v in model.state_dict().items()}
     out = []
@@ -83,14 +90,26 @@ def curves(part: Path) -> str:
     runs = sorted(d for d in part.glob("*_s[0-9]*") if (d / "summary.json").is_file())
     if not runs:
         return ""
-    table = {d.name: {r["round"]: r["personalization"]["acc"] for r in map(
-        json.loads, (d / "metrics.jsonl").read_text().splitlines())} for d in runs}
+    table = {
+        d.name: {
+            r["round"]: r["personalization"]["acc"]
+            for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+        }
+        for d in runs
+    }
     rounds = sorted({r for v in table.values() for r in v})
-    lines = [f"#### {part.name}: personalization accuracy (%) by round", "",
-             "| run | " + " | ".join(map(str, rounds)) + " |", "|---|" + "---|" * len(rounds)]
+    lines = [
+        f"#### {part.name}: personalization accuracy (%) by round",
+        "",
+        "| run | " + " | ".join(map(str, rounds)) + " |",
+        "|---|" + "---|" * len(rounds),
+    ]
     for name, acc in table.items():
-        lines.append(f"| {name} | " + " | ".join(
-            f"{100 * acc[r]:.2f}" if r in acc else "-" for r in rounds) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{100 * acc[r]:.2f}" if r in acc else "-" for r in rounds)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -98,18 +117,36 @@ def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/fedala")
     parts = []
     accept = load(root / "accept" / "report.csv")
-    parts.append(pivot(accept, ["fedala", "fedavg", "ditto", "fedrep"],
-                       [("mnist", "path"), ("cifar10", "path")],
-                       "(a) acceptance: pathological, personalization accuracy (%)"))
+    parts.append(
+        pivot(
+            accept,
+            ["fedala", "fedavg", "ditto", "fedrep"],
+            [("mnist", "path"), ("cifar10", "path")],
+            "(a) acceptance: pathological, personalization accuracy (%)",
+        )
+    )
     table = load(root / "table" / "report.csv")
     cols = [(d, s) for s in ("path", "dir") for d in ("mnist", "cifar10", "cifar100")]
-    parts.append(pivot(table, ALGORITHMS, cols, "(b) the slides' big table, personalization "
-                       "accuracy (%)"))
-    plugin = load(root / "plugin" / "report.csv") if (root / "plugin" / "report.csv").exists() else {}
-    lines = ["#### (c) X + ALA vs X, personalization accuracy (%)", "",
-             "| X | setting | X | X + ALA | gain |", "|---|---|---|---|---|"]
+    parts.append(
+        pivot(table, ALGORITHMS, cols, "(b) the slides' big table, personalization accuracy (%)")
+    )
+    plugin = (
+        load(root / "plugin" / "report.csv") if (root / "plugin" / "report.csv").exists() else {}
+    )
+    lines = [
+        "#### (c) X + ALA vs X, personalization accuracy (%)",
+        "",
+        "| X | setting | X | X + ALA | gain |",
+        "|---|---|---|---|---|",
+    ]
     for (d, s, rest), rows in sorted(plugin.items()):
-        x = "fedavg" if rest == "fedala" else rest[: -len("+ala")] if rest.endswith("+ala") else None
+        x = (
+            "fedavg"
+            if rest == "fedala"
+            else rest[: -len("+ala")]
+            if rest.endswith("+ala")
+            else None
+        )
         base = plugin.get((d, s, x), []) if x else []
         if not base:
             continue
@@ -130,17 +167,31 @@ def main() -> None:
             continue
         d, s = found[0][1], found[0][2]
         header = f"| {key} | " + " | ".join(str(v) for v, *_ in found) + " |"
-        lines = [f"#### (d) sensitivity to {label}: FedALA on {d} {SETTINGS[s]}", "", header,
-                 "|---|" + "---|" * len(found),
-                 "| pers. acc (%) | " + " | ".join(cell(r, std=False) for *_, r in found) + " |"]
+        lines = [
+            f"#### (d) sensitivity to {label}: FedALA on {d} {SETTINGS[s]}",
+            "",
+            header,
+            "|---|" + "---|" * len(found),
+            "| pers. acc (%) | " + " | ".join(cell(r, std=False) for *_, r in found) + " |",
+        ]
         if key == "p":
             counts = {p: n for p, _, n in ala_weights_per_p(d)}
-            lines.append("| trained ALA weights | "
-                         + " | ".join(f"{counts[v]:,}" for v, *_ in found) + " |")
-            lines.append("| s / round | " + " | ".join(
-                f"{float(r[0]['s_per_round']):.1f}" for *_, r in found) + " |")
-            lines += ["", "Layers per p: " + "; ".join(
-                f"p = {p}: {', '.join(layers)}" for p, layers, _ in ala_weights_per_p(d)) + "."]
+            lines.append(
+                "| trained ALA weights | " + " | ".join(f"{counts[v]:,}" for v, *_ in found) + " |"
+            )
+            lines.append(
+                "| s / round | "
+                + " | ".join(f"{float(r[0]['s_per_round']):.1f}" for *_, r in found)
+                + " |"
+            )
+            lines += [
+                "",
+                "Layers per p: "
+                + "; ".join(
+                    f"p = {p}: {', '.join(layers)}" for p, layers, _ in ala_weights_per_p(d)
+                )
+                + ".",
+            ]
         parts.append("\n".join(lines))
     parts.append(curves(root / "long"))
     text = "\n\n".join(p for p in parts if p) + "\n"

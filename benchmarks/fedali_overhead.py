@@ -37,8 +37,12 @@ CONFIG = "configs/fedali_uci_har_natural.yaml"
 
 
 def setup(name: str, data_dir: str, epochs: int, device: str, config: str = CONFIG):
-    overrides = [f"data.dir={data_dir}", "train.threads=1", f"train.local_epochs={epochs}",
-                 f"train.device={device}"]
+    overrides = [
+        f"data.dir={data_dir}",
+        "train.threads=1",
+        f"train.local_epochs={epochs}",
+        f"train.device={device}",
+    ]
     if name == "fedavg":
         overrides += ["algorithm.name=fedavg", "model.alp.enabled=false"]
     return prepare(load_config(config, overrides))
@@ -48,8 +52,14 @@ def timed_fit(prep, cid: int, server_round: int) -> tuple[float, dict, dict, dic
     algo, model = prep.algorithm, prep.model
     server = algo.init_server()
     message = algo.configure(server, cid, server_round)
-    client = Client(cid, prep.fed.clients[cid], model, prep.cfg.train, server_round,
-                    torch_generator(0, server_round, cid))
+    client = Client(
+        cid,
+        prep.fed.clients[cid],
+        model,
+        prep.cfg.train,
+        server_round,
+        torch_generator(0, server_round, cid),
+    )
     sync = torch.cuda.synchronize if model_device(model).type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
@@ -73,7 +83,10 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/out/fedali_overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    preps = {name: setup(name, args.data_dir, args.epochs, args.device, args.config) for name in ("fedavg", "fedali")}
+    preps = {
+        name: setup(name, args.data_dir, args.epochs, args.device, args.config)
+        for name in ("fedavg", "fedali")
+    }
     for prep in preps.values():
         timed_fit(prep, 0, 2)  # warm-up (first-call allocations, oneDNN kernel selection)
     times: dict[str, list[float]] = {"fedavg": [], "fedali": []}
@@ -94,11 +107,21 @@ def main() -> None:
     machine = platform.processor() or platform.machine()
     if args.device.startswith("cuda"):
         machine = torch.cuda.get_device_name()
-    result: dict = {"config": args.config, "machine": machine, "device": args.device, "threads": 1,
-                    "client_train_samples": steps, "local_epochs": args.epochs}
+    result: dict = {
+        "config": args.config,
+        "machine": machine,
+        "device": args.device,
+        "threads": 1,
+        "client_train_samples": steps,
+        "local_epochs": args.epochs,
+    }
     for name in times:
-        result[name] = {**info[name], "fit_s_median": statistics.median(times[name]),
-                        "fit_s_min": min(times[name]), "fit_s_all": times[name]}
+        result[name] = {
+            **info[name],
+            "fit_s_median": statistics.median(times[name]),
+            "fit_s_min": min(times[name]),
+            "fit_s_all": times[name],
+        }
     ratio = lambda key: result["fedali"][key] / result["fedavg"][key]  # noqa: E731
     result["ratio"] = {
         "training_time_median": ratio("fit_s_median"),

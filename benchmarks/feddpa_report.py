@@ -24,8 +24,14 @@ from pathlib import Path
 
 NAME = re.compile(r"^d(?P<setting>[\d.]+)_(?P<variant>.+)_s(?P<seed>\d+)$")
 STATS = ["mean lambda_k", "mean Het_k", "groups", "L_sep before", "L_sep after", "min distance"]
-SERVER_METRICS = ["lambda_mean", "heterogeneity_mean", "groups", "separation_before",
-                  "separation_after", "min_distance"]  # FedDPA's server metrics, as STATS
+SERVER_METRICS = [
+    "lambda_mean",
+    "heterogeneity_mean",
+    "groups",
+    "separation_before",
+    "separation_after",
+    "min_distance",
+]  # FedDPA's server metrics, as STATS
 
 
 def load(run: Path) -> dict | None:
@@ -37,8 +43,10 @@ def load(run: Path) -> dict | None:
     has_global = s["final"]["global"] is not None
     key = "global" if has_global else "personalization"
     curve = [(h["round"], h[key]["acc"]) for h in history if h.get(key)]
-    at = {h["round"]: (h["global"]["acc"] if h.get("global") else None,
-                       h["personalization"]["acc"]) for h in history}
+    at = {
+        h["round"]: (h["global"]["acc"] if h.get("global") else None, h["personalization"]["acc"])
+        for h in history
+    }
     plateau = statistics.mean(a for _, a in curve[-2:])
     converge = next(r for r, a in curve if a >= 0.95 * plateau)
     out = {
@@ -75,9 +83,11 @@ def main(root: Path) -> None:
         if m and info:
             groups[(m["setting"], m["variant"])][int(m["seed"])] = info
     short = min((x["rounds"] for runs in groups.values() for x in runs.values()), default=0)
-    print(f"| Dirichlet | method | seeds | global acc @ round {short} (%) | pers. acc @ round {short} (%) "
-          "| last round | global acc, last (%) | global acc, val-selected (%) | rounds to converge "
-          "| train s/round | MB up/round |")
+    print(
+        f"| Dirichlet | method | seeds | global acc @ round {short} (%) | pers. acc @ round {short} (%) "
+        "| last round | global acc, last (%) | global acc, val-selected (%) | rounds to converge "
+        "| train s/round | MB up/round |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (setting, variant), runs in sorted(groups.items()):
         r = list(runs.values())
@@ -111,7 +121,11 @@ def main(root: Path) -> None:
     for (setting, variant), runs in sorted(groups.items()):
         first = runs[min(runs)]
         if "stats" in first:
-            print(f"| {setting} | {variant} | " + " | ".join(f"{v:.3g}" for v in first["stats"]) + " |")
+            print(
+                f"| {setting} | {variant} | "
+                + " | ".join(f"{v:.3g}" for v in first["stats"])
+                + " |"
+            )
     print("\nCurves (round: accuracy %, global or else personalization):\n")
     for (setting, variant), runs in sorted(groups.items()):
         for seed, info in sorted(runs.items()):

@@ -29,8 +29,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-ORDER = ["fedsub", "fedavg", "fedrep", "fedproto", "local", "fedsub-cluster_avg",
-         "fedsub-leadership", "fedsub-full"]
+ORDER = [
+    "fedsub",
+    "fedavg",
+    "fedrep",
+    "fedproto",
+    "local",
+    "fedsub-cluster_avg",
+    "fedsub-leadership",
+    "fedsub-full",
+]
 MAIN = ["fedsub", "fedavg", "fedrep", "fedproto", "local"]
 TOL = 0.01
 
@@ -45,12 +53,14 @@ def load(runs: Path) -> dict[str, dict[str, list[dict]]]:
             continue
         history = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         part = json.loads((d / "partition.json").read_text())
-        found[d.parent.name][m.group(1)].append({
-            "seed": int(m.group(2)),
-            "history": history,
-            "summary": json.loads(summary.read_text()),
-            "dynamic": part.get("meta", {}).get("dynamic"),
-        })
+        found[d.parent.name][m.group(1)].append(
+            {
+                "seed": int(m.group(2)),
+                "history": history,
+                "summary": json.loads(summary.read_text()),
+                "dynamic": part.get("meta", {}).get("dynamic"),
+            }
+        )
     return found
 
 
@@ -78,12 +88,15 @@ def pm(values: np.ndarray, scale: float = 100.0, digits: int = 2) -> str:
 def plot(scenario: str, by_name: dict[str, list[dict]], names: list[str], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name in names:
-        for ax, key, label in ((axes[0], pers_f1, "personalization macro-F1"),
-                               (axes[1], train_loss, "training loss")):
+        for ax, key, label in (
+            (axes[0], pers_f1, "personalization macro-F1"),
+            (axes[1], train_loss, "training loss"),
+        ):
             rounds, values = curve(by_name[name], key)
             mean, std = np.nanmean(values, 0), np.nanstd(values, 0)
-            ax.plot(rounds, mean, label=f"{name} ({len(values)} seed{'s' * (len(values) > 1)})",
-                    lw=1.2)
+            ax.plot(
+                rounds, mean, label=f"{name} ({len(values)} seed{'s' * (len(values) > 1)})", lw=1.2
+            )
             if len(values) > 1:
                 ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
             ax.set_xlabel("round")
@@ -103,16 +116,19 @@ def plot(scenario: str, by_name: dict[str, list[dict]], names: list[str], out: P
 
 
 def final_table(by_name: dict[str, list[dict]], names: list[str]) -> list[str]:
-    lines = ["| algorithm | seeds | pers. F1 (%) | pers. acc (%) | mean F1 over rounds (%) | "
-             "final train loss |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | seeds | pers. F1 (%) | pers. acc (%) | mean F1 over rounds (%) | final train loss |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         runs = by_name[name]
         f1 = [r["summary"]["final"]["personalization"]["f1"] for r in runs]
         acc = [r["summary"]["final"]["personalization"]["acc"] for r in runs]
         avg = [np.mean([pers_f1(h) for h in r["history"]]) for r in runs]
         loss = [r["history"][-1]["train_loss"] for r in runs]
-        lines.append(f"| {name} | {len(runs)} | {pm(f1)} | {pm(acc)} | {pm(avg)} | "
-                     f"{pm(loss, 1.0, 3)} |")
+        lines.append(
+            f"| {name} | {len(runs)} | {pm(f1)} | {pm(acc)} | {pm(avg)} | {pm(loss, 1.0, 3)} |"
+        )
     return lines
 
 
@@ -134,15 +150,23 @@ def recovery(run: dict) -> list[tuple[int, float, float, float | None]]:
 
         before = score(arrival - 1)
         drop = score(arrival) - before
-        back = next((r - arrival for r in range(arrival, last + 1)
-                     if r in by_round and score(r) >= before - TOL), None)
+        back = next(
+            (
+                r - arrival
+                for r in range(arrival, last + 1)
+                if r in by_round and score(r) >= before - TOL
+            ),
+            None,
+        )
         out.append((arrival, before, drop, back))
     return out
 
 
 def recovery_table(by_name: dict[str, list[dict]], names: list[str]) -> list[str]:
-    lines = ["| algorithm | seeds | arrival round | F1 of those clients before (%) | "
-             "drop (points) | rounds to recover |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | seeds | arrival round | F1 of those clients before (%) | drop (points) | rounds to recover |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         per_seed = [recovery(r) for r in by_name[name]]
         for i in range(min(len(p) for p in per_seed)):
@@ -174,10 +198,18 @@ def main() -> None:
             md += recovery_table(by_name, names) + [""]
         variants = [n for n in ORDER if n in by_name and n not in MAIN]
         if variants:
-            plot(f"{scenario}: FedSub variants", by_name, ["fedsub", *variants],
-                 out / f"{scenario}_variants.png")
-            md += [f"### {scenario}: fusion strategies and Partial vs Full (seed 0)", "",
-                   f"![variants](fedsub/{scenario}_variants.png)", ""]
+            plot(
+                f"{scenario}: FedSub variants",
+                by_name,
+                ["fedsub", *variants],
+                out / f"{scenario}_variants.png",
+            )
+            md += [
+                f"### {scenario}: fusion strategies and Partial vs Full (seed 0)",
+                "",
+                f"![variants](fedsub/{scenario}_variants.png)",
+                "",
+            ]
             seed0 = {n: [r for r in by_name[n] if r["seed"] == 0] for n in ["fedsub", *variants]}
             md += final_table(seed0, ["fedsub", *variants]) + [""]
     (out / "tables.md").write_text("\n".join(md) + "\n")

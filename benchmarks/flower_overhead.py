@@ -36,9 +36,18 @@ from protofed.flower.engine import run_simulation_loop, simulation_loop
 from protofed.runtime import prepare, simulate
 
 COMMON = [
-    "data.name=uci_har", "data.partition=natural", "data.channels=default", "model.name=cnn1d",
-    "algorithm.name=fedavg", "train.optimizer=sgd", "train.lr=0.05", "train.batch_size=64",
-    "train.local_epochs=1", "train.client_fraction=1.0", "train.threads=1", "eval.every=1",
+    "data.name=uci_har",
+    "data.partition=natural",
+    "data.channels=default",
+    "model.name=cnn1d",
+    "algorithm.name=fedavg",
+    "train.optimizer=sgd",
+    "train.lr=0.05",
+    "train.batch_size=64",
+    "train.local_epochs=1",
+    "train.client_fraction=1.0",
+    "train.threads=1",
+    "eval.every=1",
 ]
 RUNS = {
     "builtin_serial": ("builtin", []),
@@ -71,14 +80,21 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
 
     def on_round(r, info, record):
         now, cpu = time.perf_counter(), cpu_seconds()
-        per_round.append({"round": r, "train_s": info["train_s"] + info["aggregate_s"],
-                          "eval_s": record["time"]["eval_s"] if record else 0.0,
-                          "wall_s": now - marks[-1][0], "cpu_s": cpu - marks[-1][1]})
+        per_round.append(
+            {
+                "round": r,
+                "train_s": info["train_s"] + info["aggregate_s"],
+                "eval_s": record["time"]["eval_s"] if record else 0.0,
+                "wall_s": now - marks[-1][0],
+                "cpu_s": cpu - marks[-1][1],
+            }
+        )
         marks.append((now, cpu))
 
     t1 = time.perf_counter()
-    summary = (run_simulation_loop(sim, on_round) if engine == "flower"
-               else sim.run(on_round=on_round))
+    summary = (
+        run_simulation_loop(sim, on_round) if engine == "flower" else sim.run(on_round=on_round)
+    )
     wall = time.perf_counter() - t1
     steady = per_round[1:] or per_round  # round 1 carries Flower's start-up
     n = len(steady)
@@ -103,13 +119,19 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    )
     ap.add_argument("--only", choices=sorted(RUNS), action="append")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "flower_overhead.json"))
     args = ap.parse_args()
     results = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "load_before": os.getloadavg()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_before": os.getloadavg(),
+        },
         "runs": [],
     }
     for name in RUNS:
@@ -117,8 +139,10 @@ def main() -> None:
             continue
         res = measure(name, args.rounds, args.data_dir)
         results["runs"].append(res)
-        print(json.dumps({k: v for k, v in res.items() if k not in ("final", "comm", "per_round")}),
-              flush=True)
+        print(
+            json.dumps({k: v for k, v in res.items() if k not in ("final", "comm", "per_round")}),
+            flush=True,
+        )
     runs = {r["run"]: r for r in results["runs"]}
     if "flower" in runs and len(runs) > 1:
         ref = runs.get("builtin_workers") or runs["builtin_serial"]
@@ -135,7 +159,9 @@ def main() -> None:
             "cpu": runs["flower"]["cpu_s_per_round"] - ref["cpu_s_per_round"],
             "against": ref["run"],
         }
-        print(json.dumps({k: results[k] for k in ("max_metric_difference", "overhead_s_per_round")}))
+        print(
+            json.dumps({k: results[k] for k in ("max_metric_difference", "overhead_s_per_round")})
+        )
     results["machine"]["load_after"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,20 +29,37 @@ from protofed.runtime import prepare, simulate
 
 MODEL = {
     "fedbn": ["model.name=cnn1dbn"],
-    "fedali": ["model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[32]",
-               "train.optimizer=adam", "train.lr=0.001"],
+    "fedali": [
+        "model.name=hart",
+        "model.alp.enabled=true",
+        "model.alp.prototypes=[32]",
+        "train.optimizer=adam",
+        "train.lr=0.001",
+    ],
     "fedhome": ["model.name=mlp", "model.hidden=[64]", "algorithm.finetune_rounds=1"],
 }
 
 
 def run(name: str, device: str, data_dir: str, rounds: int) -> dict:
-    cfg = load_config(None, [
-        f"data.dir={data_dir}", "data.name=uci_har", "data.partition=natural",
-        *MODEL.get(name, ["model.name=mlp", "model.hidden=[64]"]),
-        f"train.rounds={rounds}", "train.clients_per_round=4", "train.local_epochs=1",
-        "train.batch_size=32", "train.lr=0.05", "train.threads=1", f"eval.every={rounds}",
-        "eval.generalization=false", f"algorithm.name={name}", f"train.device={device}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"data.dir={data_dir}",
+            "data.name=uci_har",
+            "data.partition=natural",
+            *MODEL.get(name, ["model.name=mlp", "model.hidden=[64]"]),
+            f"train.rounds={rounds}",
+            "train.clients_per_round=4",
+            "train.local_epochs=1",
+            "train.batch_size=32",
+            "train.lr=0.05",
+            "train.threads=1",
+            f"eval.every={rounds}",
+            "eval.generalization=false",
+            f"algorithm.name={name}",
+            f"train.device={device}",
+        ],
+    )
     t0 = time.perf_counter()
     summary = simulate(prepare(cfg)).run()
     final = summary["final"]
@@ -70,16 +87,27 @@ def main() -> None:
             try:
                 row[device] = run(name, device, args.data_dir, args.rounds)
             except Exception as exc:  # report every algorithm, then fail
-                row[device] = {"error": f"{type(exc).__name__}: {exc}",
-                               "trace": traceback.format_exc(limit=3)}
+                row[device] = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "trace": traceback.format_exc(limit=3),
+                }
         if "pers_acc" in row["cuda"] and "pers_acc" in row["cpu"]:
             row["pers_acc_diff"] = row["cuda"]["pers_acc"] - row["cpu"]["pers_acc"]
         results[name] = row
         status = "ok" if "pers_acc_diff" in row else "FAILED"
-        print(f"{name:12s} {status:6s} " + " ".join(
-            f"{d}: {row[d].get('pers_acc', row[d].get('error'))}" for d in ("cuda", "cpu")), flush=True)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "rounds": args.rounds, "results": results}
+        print(
+            f"{name:12s} {status:6s} "
+            + " ".join(
+                f"{d}: {row[d].get('pers_acc', row[d].get('error'))}" for d in ("cuda", "cpu")
+            ),
+            flush=True,
+        )
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "rounds": args.rounds,
+        "results": results,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -21,18 +21,32 @@ from protofed.runtime import prepare, simulate
 
 
 def one(algorithm: str) -> dict:
-    cfg = load_config(None, [
-        "data.name=synthetic", "data.partition=iid", "data.num_clients=1000",
-        "model.name=mlp", f"algorithm.name={algorithm}", "train.rounds=1", "train.batch_size=32",
-        "eval.generalization=false",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "data.name=synthetic",
+            "data.partition=iid",
+            "data.num_clients=1000",
+            "model.name=mlp",
+            f"algorithm.name={algorithm}",
+            "train.rounds=1",
+            "train.batch_size=32",
+            "eval.generalization=false",
+        ],
+    )
     proc = psutil.Process()
     sim = simulate(prepare(cfg))
     before = proc.memory_info().rss
     sim.run()
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
-    state_bytes = sum(t.numel() * t.element_size() for s in sim.transport.states.values()
-                      for r in s.values() for t in r.values())
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values()
+    )
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for s in sim.transport.states.values()
+        for r in s.values()
+        for t in r.values()
+    )
     return {
         "algorithm": algorithm,
         "clients": 1000,
@@ -53,7 +67,9 @@ def main() -> None:
 
     results = []
     for name in ("fedavg", "local"):
-        out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, name], capture_output=True, text=True, check=True
+        )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]))
     path = Path(__file__).parent / "out" / "memory_many_clients.json"

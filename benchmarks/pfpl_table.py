@@ -43,8 +43,13 @@ def main() -> None:
     algos = [a for a in ALGORITHMS if any(_runs(args.root, n, a) for n in ns)]
 
     print("### Mean personalization accuracy (%), mean ± std over seeds\n")
-    print("| algorithm | " + " | ".join(f"{n} (val-selected)" for n in ns) + " | "
-          + " | ".join(f"{n} (last round)" for n in ns) + " | seeds per n |")
+    print(
+        "| algorithm | "
+        + " | ".join(f"{n} (val-selected)" for n in ns)
+        + " | "
+        + " | ".join(f"{n} (last round)" for n in ns)
+        + " | seeds per n |"
+    )
     print("|---|" + "---|" * (2 * len(ns) + 1))
     for algo in algos:
         sel, last, seeds = [], [], []
@@ -86,8 +91,11 @@ def main() -> None:
             common = sorted(set(mine) & set(theirs))
             if not common:
                 continue
-            diffs = [mine[s]["selected"]["personalization"]["acc"]
-                     - theirs[s]["selected"]["personalization"]["acc"] for s in common]
+            diffs = [
+                mine[s]["selected"]["personalization"]["acc"]
+                - theirs[s]["selected"]["personalization"]["acc"]
+                for s in common
+            ]
             cells = ", ".join(f"{s}: {100 * d:+.2f}" for s, d in zip(common, diffs, strict=True))
             print(f"| {n} | {algo} | {cells} | {_ms(diffs)} |")
 
@@ -103,8 +111,9 @@ def main() -> None:
                 continue
             s = RunDir(runs[0]).read_json(SUMMARY)
             per = s["rounds"] * s["num_clients"]
-            cells.append(f"{s['comm']['up_bytes'] / per / 1e3:.2f} / "
-                         f"{s['comm']['down_bytes'] / per / 1e3:.2f}")
+            cells.append(
+                f"{s['comm']['up_bytes'] / per / 1e3:.2f} / {s['comm']['down_bytes'] / per / 1e3:.2f}"
+            )
         print(f"| {algo} | " + " | ".join(cells) + " |")
 
 

@@ -25,22 +25,36 @@ from protofed.runtime import prepare, simulate
 
 CONFIGS = {
     "a_cnn1d_6ch_b64": [
-        "model.name=cnn1d", "data.channels=default", "train.batch_size=64", "train.lr=0.05",
+        "model.name=cnn1d",
+        "data.channels=default",
+        "train.batch_size=64",
+        "train.lr=0.05",
     ],
     "b_harcnn_9ch_b10_pfllib": [
-        "model.name=harcnn", "data.channels=all", "train.batch_size=10", "train.lr=0.005",
-        "data.predefined_split=true", "data.split=[0.75,0,0.25]",  # PFLlib's 75/25 per subject
+        "model.name=harcnn",
+        "data.channels=all",
+        "train.batch_size=10",
+        "train.lr=0.005",
+        "data.predefined_split=true",
+        "data.split=[0.75,0,0.25]",  # PFLlib's 75/25 per subject
     ],
 }
 COMMON = [
-    "data.name=uci_har", "data.partition=natural", "algorithm.name=fedavg", "train.optimizer=sgd",
-    "train.local_epochs=1", "train.client_fraction=1.0", "eval.every=1", "train.workers=2",
+    "data.name=uci_har",
+    "data.partition=natural",
+    "algorithm.name=fedavg",
+    "train.optimizer=sgd",
+    "train.local_epochs=1",
+    "train.client_fraction=1.0",
+    "eval.every=1",
+    "train.workers=2",
 ]
 
 
 def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: int = 0) -> dict:
     cfg = load_config(
-        None, [*COMMON, *overrides, f"train.rounds={rounds}", f"data.dir={data_dir}", f"seed={seed}"]
+        None,
+        [*COMMON, *overrides, f"train.rounds={rounds}", f"data.dir={data_dir}", f"seed={seed}"],
     )
     t0 = time.perf_counter()
     sim = simulate(prepare(cfg))
@@ -48,9 +62,14 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
     per_round = []
 
     def on_round(r, info, record):
-        per_round.append({"round": r, "train_s": info["train_s"] + info["aggregate_s"],
-                          "eval_s": record["time"]["eval_s"] if record else 0.0,
-                          "acc": record["global"]["acc"] if record else None})
+        per_round.append(
+            {
+                "round": r,
+                "train_s": info["train_s"] + info["aggregate_s"],
+                "eval_s": record["time"]["eval_s"] if record else 0.0,
+                "acc": record["global"]["acc"] if record else None,
+            }
+        )
 
     summary = sim.run(on_round=on_round)
     n = len(per_round)
@@ -74,15 +93,29 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    )
     ap.add_argument("--only", choices=sorted(CONFIGS), default=None)
-    ap.add_argument("--seed", type=int, default=0, help="the config's seed (data split, init, batches)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "speed_fedavg_uci_har.json"))
+    ap.add_argument(
+        "--seed", type=int, default=0, help="the config's seed (data split, init, batches)"
+    )
+    ap.add_argument(
+        "--out", default=str(Path(__file__).parent / "out" / "speed_fedavg_uci_har.json")
+    )
     args = ap.parse_args()
     results = {
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "pfllib_reference": {"seconds_per_round": 6.7, "train_s": 4.4, "eval_s": 2.2, "acc_after_50": 0.63},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "pfllib_reference": {
+            "seconds_per_round": 6.7,
+            "train_s": 4.4,
+            "eval_s": 2.2,
+            "acc_after_50": 0.63,
+        },
         "runs": [],
     }
     for name, overrides in CONFIGS.items():

@@ -27,8 +27,9 @@ def register_model(name: str, description: str, inputs: str = "any") -> Any:
     return register(name, description, inputs)
 
 
-def register_dataset(name: str, description: str, source: str = "",
-                     needs_root: bool = False) -> Any:
+def register_dataset(
+    name: str, description: str, source: str = "", needs_root: bool = False
+) -> Any:
     """Decorator for a data-set loader `(cfg: DataConfig) -> Dataset`."""
     from protofed.data import register_dataset as register
 
@@ -36,6 +37,13 @@ def register_dataset(name: str, description: str, source: str = "",
 
 
 __all__ = [
-    "Run", "Summary", "__version__", "load_run", "register_algorithm", "register_dataset",
-    "register_model", "resolve_config", "run",
+    "Run",
+    "Summary",
+    "__version__",
+    "load_run",
+    "register_algorithm",
+    "register_dataset",
+    "register_model",
+    "resolve_config",
+    "run",
 ]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protofed.config import ExperimentConfig, build_config, load_raw
+from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.errors import ConfigError
 from protofed.runs import CHECKPOINT, PARTITION, SUMMARY, RunDir
 
@@ -48,11 +48,12 @@ def resolve_config(config: ConfigLike = None, **overrides: Any) -> ExperimentCon
     elif config is None or isinstance(config, str | Path):
         raw = load_raw(config)
     else:
-        raise ConfigError(f"config must be a YAML path, a dict or an ExperimentConfig, "
-                          f"not {type(config).__name__}")
+        raise ConfigError(
+            f"config must be a YAML path, a dict or an ExperimentConfig, not {type(config).__name__}"
+        )
     for key, value in overrides.items():
         if "." in key:
-            _set(raw, key.split("."), value)
+            set_key(raw, key, value)
         elif isinstance(value, Mapping):
             section = raw.setdefault(key, {})
             if not isinstance(section, dict):
@@ -73,16 +74,6 @@ def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = _deep_copy(value) if isinstance(value, Mapping) else value
-
-
-def _set(raw: dict[str, Any], parts: list[str], value: Any) -> None:
-    node = raw
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{'.'.join(parts)}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
 
 
 @dataclass(frozen=True)
@@ -135,8 +126,10 @@ class Run:
     @property
     def summary(self) -> Summary:
         if not self.dir.complete:
-            raise ConfigError(f"{self.path} has no {SUMMARY}: the run did not finish "
-                              f"(continue it with protofed run --resume {self.path})")
+            raise ConfigError(
+                f"{self.path} has no {SUMMARY}: the run did not finish "
+                f"(continue it with protofed run --resume {self.path})"
+            )
         return Summary.from_dict(self.dir.read_json(SUMMARY))
 
     @property
@@ -157,12 +150,17 @@ class Run:
             glob = record.get("global") or {}
             for j, cid in enumerate(ids):
                 row = {
-                    "round": record["round"], "client": cid, "client_name": names[cid],
-                    "pers_acc": per["pers_acc"][j], "pers_f1": per["pers_f1"][j],
+                    "round": record["round"],
+                    "client": cid,
+                    "client_name": names[cid],
+                    "pers_acc": per["pers_acc"][j],
+                    "pers_f1": per["pers_f1"][j],
                     "gen_acc": per["gen_acc"][j] if per["gen_acc"] else None,
                     "gen_f1": per["gen_f1"][j] if per["gen_f1"] else None,
-                    "val_acc": per["val_acc"][j], "val_f1": per["val_f1"][j],
-                    "global_acc": glob.get("acc"), "global_f1": glob.get("f1"),
+                    "val_acc": per["val_acc"][j],
+                    "val_f1": per["val_f1"][j],
+                    "global_acc": glob.get("acc"),
+                    "global_f1": glob.get("f1"),
                     "train_loss": record["train_loss"],
                 }
                 row.update({f"server.{k}": v for k, v in (record.get("server") or {}).items()})
@@ -180,8 +178,11 @@ class Run:
             cfg = self.config
             part = self.dir.read_json(PARTITION)
             self._built = build_model_and_algorithm(
-                cfg, tuple(part["input_shape"]), int(part["num_classes"]),
-                int(part["num_clients"]), resolve_device(cfg.train.device),
+                cfg,
+                tuple(part["input_shape"]),
+                int(part["num_classes"]),
+                int(part["num_clients"]),
+                resolve_device(cfg.train.device),
             )
         return self._built
 
@@ -192,7 +193,8 @@ class Run:
                 raise ConfigError(
                     f"{self.path} has no {CHECKPOINT}: models can be loaded only from runs "
                     "whose client states were kept by this process (the built-in engine; a "
-                    "Flower run keeps them on the clients)")
+                    "Flower run keeps them on the clients)"
+                )
             self._checkpoint = ckpt
         return self._checkpoint
 

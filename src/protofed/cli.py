@@ -19,10 +19,20 @@ from rich.table import Table
 
 from protofed.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Personalized federated learning on heterogeneous real-world data.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Personalized federated learning on heterogeneous real-world data.",
+)
 console = Console()
 err_console = Console(stderr=True)
+
+
+# the options several commands share
+Overrides = Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root.")]
+ConfigFile = Annotated[Path | None, typer.Argument(help="Experiment YAML.")]
 
 
 def _fail(message: str) -> None:
@@ -76,16 +86,23 @@ def print_summary(summary: dict, run_dir: Path | None = None) -> None:
 
 @app.command()
 def run(
-    config: Annotated[Path | None, typer.Argument(help="Experiment YAML (defaults if omitted).")] = None,
-    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
+    config: Annotated[
+        Path | None, typer.Argument(help="Experiment YAML (defaults if omitted).")
+    ] = None,
+    set_: Overrides = [],  # noqa: B006
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory.")] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
-    resume_dir: Annotated[Path | None, typer.Option("--resume", help="Continue a killed run.")] = None,
+    data_dir: DataDir = None,
+    resume_dir: Annotated[
+        Path | None, typer.Option("--resume", help="Continue a killed run.")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty --out.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    engine: Annotated[str, typer.Option(
-        "--engine", help="builtin, or flower (Flower's simulation engine; docs/flower.md).",
-    )] = "builtin",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="builtin, or flower (Flower's simulation engine; docs/flower.md)."
+        ),
+    ] = "builtin",
 ) -> None:
     """Run one experiment and write its run directory."""
     from protofed.runtime import resume, start
@@ -108,7 +125,9 @@ def run(
             if engine == "flower":
                 raise ConfigError("Flower runs keep client states on the nodes: no --resume")
             if config is not None or set_:
-                raise ConfigError("--resume takes the run directory's own config; drop CONFIG and -s")
+                raise ConfigError(
+                    "--resume takes the run directory's own config; drop CONFIG and -s"
+                )
             from protofed.runs import RunDir
 
             existing = RunDir.open(resume_dir)
@@ -131,12 +150,18 @@ def run(
     total = loop.cfg.train.rounds
     show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-        console=err_console, disable=not show, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=err_console,
+        disable=not show,
+        transient=False,
     ) as bar:
-        task = bar.add_task(loop.cfg.algorithm.name, total=total,
-                            completed=loop.progress.server_round, status="")
+        task = bar.add_task(
+            loop.cfg.algorithm.name, total=total, completed=loop.progress.server_round, status=""
+        )
 
         def on_round(r: int, info: dict, record: dict | None) -> None:
             status = ""
@@ -147,8 +172,10 @@ def run(
         try:
             summary = loop.run(on_round) if run_loop is None else run_loop(loop, on_round)
         except KeyboardInterrupt:
-            err_console.print(f"interrupted after round {loop.progress.server_round}; continue "
-                              f"with: protofed run --resume {out}", highlight=False)
+            err_console.print(
+                f"interrupted after round {loop.progress.server_round}; continue with: protofed run --resume {out}",
+                highlight=False,
+            )
             raise typer.Exit(code=130) from None
     print_summary(summary, out)
 
@@ -169,12 +196,15 @@ def list_() -> None:
         return out
 
     for title, items in (
-        ("algorithms", lines("algorithms", {k: v.summary
-                                            for k, v in algorithms.load_plugins().items()})),
-        ("datasets", lines("datasets", {k: v.description
-                                        for k, v in data.load_plugins().items()})),
-        ("partitioners", {k: v[0] if isinstance(v, tuple) else v.description
-                          for k, v in PARTITIONERS.items()}),
+        (
+            "algorithms",
+            lines("algorithms", {k: v.summary for k, v in algorithms.load_plugins().items()}),
+        ),
+        ("datasets", lines("datasets", {k: v.description for k, v in data.load_plugins().items()})),
+        (
+            "partitioners",
+            {k: v[0] if isinstance(v, tuple) else v.description for k, v in PARTITIONERS.items()},
+        ),
         ("models", lines("models", {k: v.description for k, v in models.load_plugins().items()})),
     ):
         table = Table(title=title, show_header=False, box=None, title_justify="left")
@@ -186,7 +216,9 @@ def list_() -> None:
 
 
 @app.command()
-def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `protofed list`).")]) -> None:
+def info(
+    name: Annotated[str, typer.Argument(help="An algorithm name (see `protofed list`).")],
+) -> None:
     """An algorithm's reference and its hyperparameters with defaults and meaning.
 
     For an algorithm that takes the ALA plug-in, its `ala.*` keys too.
@@ -202,11 +234,15 @@ def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `proto
     console.print(f"[bold]{cls.name}[/]: {cls.summary}", highlight=False)
     if cls.reference:
         console.print(f"reference: {cls.reference}", highlight=False)
-    table = Table(title="hyperparameters (set with -s algorithm.<name>=<value>)", title_justify="left")
+    table = Table(
+        title="hyperparameters (set with -s algorithm.<name>=<value>)", title_justify="left"
+    )
     for col in ("name", "type", "default", "meaning"):
         table.add_column(col)
     for key, field in cls.Params.model_fields.items():
-        table.add_row(key, _type_name(field.annotation), repr(field.default), field.description or "")
+        table.add_row(
+            key, _type_name(field.annotation), repr(field.default), field.description or ""
+        )
     if not cls.Params.model_fields:
         table.add_row("-", "-", "-", "no hyperparameters")
     if supports_ala(cls):  # the ALA plug-in's keys, `enabled` first
@@ -214,8 +250,12 @@ def info(name: Annotated[str, typer.Argument(help="An algorithm name (see `proto
         fields = AlaParams.model_fields
         for key in sorted(fields, key=lambda k: k != "enabled"):
             field = fields[key]
-            table.add_row(f"{ALA_KEY}.{key}", _type_name(field.annotation), repr(field.default),
-                          f"ALA plug-in: {field.description or ''}")
+            table.add_row(
+                f"{ALA_KEY}.{key}",
+                _type_name(field.annotation),
+                repr(field.default),
+                f"ALA plug-in: {field.description or ''}",
+            )
     console.print(table)
 
 
@@ -231,7 +271,9 @@ def _type_name(annotation) -> str:
 @app.command()
 def report(
     dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT.md and OUT.csv.")] = Path("report"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT.md and OUT.csv.")] = Path(
+        "report"
+    ),
     which: Annotated[str, typer.Option(help="'selected' round or 'final' round.")] = "selected",
 ) -> None:
     """Compare finished runs: a table printed, and written as Markdown and CSV."""
@@ -243,17 +285,30 @@ def report(
         _fail(str(exc))
         return
     table = Table(title=f"{which} round: % mean over clients (± std across clients)")
-    for col in ("run", "round", "pers acc", "pers F1", "gen F1", "global F1", "MB/round",
-                "s/round"):
+    for col in (
+        "run",
+        "round",
+        "pers acc",
+        "pers F1",
+        "gen F1",
+        "global F1",
+        "MB/round",
+        "s/round",
+    ):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for r in rows:
         per_round = (r["up_MB"] + r["down_MB"]) / max(r["rounds"], 1)
         table.add_row(
-            r["run"], str(r["round"]), format_value(r["pers_acc"], "acc"),
+            r["run"],
+            str(r["round"]),
+            format_value(r["pers_acc"], "acc"),
             f"{format_value(r['pers_f1'], 'f1')} ± {format_value(r['pers_f1_std'], 'std')}",
             f"{format_value(r['gen_f1'], 'f1')} ± {format_value(r['gen_f1_std'], 'std')}"
-            if r["gen_f1"] is not None else "-",
-            format_value(r["global_f1"], "f1"), f"{per_round:.2f}", f"{r['s_per_round']:.2f}",
+            if r["gen_f1"] is not None
+            else "-",
+            format_value(r["global_f1"], "f1"),
+            f"{per_round:.2f}",
+            f"{r['s_per_round']:.2f}",
         )
     console.print(table)
     md, csv_path = out.with_suffix(".md"), out.with_suffix(".csv")
@@ -265,9 +320,9 @@ def report(
 
 @app.command()
 def partition(
-    config: Annotated[Path | None, typer.Argument(help="Experiment YAML.")] = None,
-    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
+    config: ConfigFile = None,
+    set_: Overrides = [],  # noqa: B006
+    data_dir: DataDir = None,
 ) -> None:
     """Print the clients x classes count matrix of a config's partition (no training)."""
     from protofed.data import build_federated
@@ -281,19 +336,20 @@ def partition(
     console.print(fed.counts_table(), highlight=False)
 
 
-flower_app = typer.Typer(no_args_is_help=True, help="protofed on Flower: deployment helpers "
-                         "(docs/flower.md).")
+flower_app = typer.Typer(
+    no_args_is_help=True, help="protofed on Flower: deployment helpers (docs/flower.md)."
+)
 app.add_typer(flower_app, name="flower")
 
 
 @flower_app.command()
 def export(
-    config: Annotated[Path | None, typer.Argument(help="Experiment YAML.")] = None,
+    config: ConfigFile = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for client_<i>.npz.")] = Path(
         "partitions"
     ),
-    set_: Annotated[list[str], typer.Option("--set", "-s", help="Override: section.key=value.")] = [],  # noqa: B006
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data root.")] = None,
+    set_: Overrides = [],  # noqa: B006
+    data_dir: DataDir = None,
 ) -> None:
     """Write each client's train/val/test data to OUT/client_<i>.npz (same split as any run)."""
     try:
@@ -306,8 +362,10 @@ def export(
     except ConfigError as exc:
         _fail(str(exc))
         return
-    console.print(f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
-                  highlight=False)
+    console.print(
+        f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
+        highlight=False,
+    )
 
 
 def main() -> None:  # pragma: no cover - entry point

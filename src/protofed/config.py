@@ -33,7 +33,9 @@ class DynamicConfig(_Section):
     """
 
     enabled: bool = False
-    client_fraction: float = Field(0.6, gt=0, le=1, description="Share of clients that lose classes.")
+    client_fraction: float = Field(
+        0.6, gt=0, le=1, description="Share of clients that lose classes."
+    )
     classes: int = Field(1, ge=1, description="Classes withheld per chosen client (capped).")
     every: int = Field(50, ge=1, description="Rounds between two returns of a withheld class.")
 
@@ -43,10 +45,14 @@ class DataConfig(_Section):
     partition: Literal["iid", "dirichlet", "pathological", "natural", "mixed"] = "dirichlet"
     num_clients: int = Field(10, ge=1)
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (label skew).")
-    classes_per_client: int = Field(2, ge=1, description="pathological / mixed: classes per client.")
+    classes_per_client: int = Field(
+        2, ge=1, description="pathological / mixed: classes per client."
+    )
     classes_spread: int = Field(
-        0, ge=0, description="mixed: each client draws its class count uniformly from "
-        "classes_per_client +- classes_spread (PFPL's 'average n'); 0: exactly classes_per_client."
+        0,
+        ge=0,
+        description="mixed: each client draws its class count uniformly from "
+        "classes_per_client +- classes_spread (PFPL's 'average n'); 0: exactly classes_per_client.",
     )
     min_size: int = Field(10, ge=1, description="dirichlet: minimum samples per client.")
     max_retries: int = Field(100, ge=1, description="dirichlet: redraws before giving up.")
@@ -72,7 +78,9 @@ class DataConfig(_Section):
     @classmethod
     def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
         if any(f < 0 for f in v) or abs(sum(v) - 1.0) > 1e-6 or v[0] <= 0 or v[2] <= 0:
-            raise ValueError("train/val/test fractions must be >= 0, sum to 1, with train and test > 0")
+            raise ValueError(
+                "train/val/test fractions must be >= 0, sum to 1, with train and test > 0"
+            )
         return v
 
 
@@ -97,12 +105,15 @@ class AlpConfig(_Section):
         "paper", description="EMA tokens per prototype: ceil(B*Z/G) (paper) or ceil(B/G) (code)."
     )
     glu: bool = Field(True, description="GLU on the matched prototypes (False: ablation).")
-    use_global: bool = Field(True, description="Align to global prototypes in training (False: ablation).")
+    use_global: bool = Field(
+        True, description="Align to global prototypes in training (False: ablation)."
+    )
     local_at_inference: bool = Field(
         True, description="Infer with local prototypes (False: global ones, ablation)."
     )
     inference: Literal["batch", "sample"] = Field(
-        "batch", description="Sinkhorn over the whole batch (paper) or per sample (batch-independent)."
+        "batch",
+        description="Sinkhorn over the whole batch (paper) or per sample (batch-independent).",
     )
 
     @field_validator("prototypes")
@@ -117,7 +128,9 @@ class ModelConfig(_Section):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [200, 200], description="mlp hidden sizes.")
     embedding_dim: int | None = Field(None, ge=1, description="Embedding size where configurable.")
-    alp: AlpConfig = Field(default_factory=AlpConfig, description="FedAli's ALP layers (hart, vit_tiny).")
+    alp: AlpConfig = Field(
+        default_factory=AlpConfig, description="FedAli's ALP layers (hart, vit_tiny)."
+    )
 
 
 class AlgorithmConfig(BaseModel):
@@ -147,7 +160,8 @@ class TrainConfig(_Section):
     )
     checkpoint_every: int = Field(1, ge=1)
     fused: bool = Field(
-        True, description="Plain SGD without autograd where it is exactly the same (training/fused.py)."
+        True,
+        description="Plain SGD without autograd where it is exactly the same (training/fused.py).",
     )
 
 
@@ -174,7 +188,9 @@ class FlowerConfig(_Section):
         1.0, gt=0, description="Simulation: CPUs per ClientApp (Ray runs cores / this at once)."
     )
     client_gpus: float = Field(
-        0.0, ge=0, description="Simulation: GPUs per ClientApp (0.5: two share one); train.device=cuda needs > 0."
+        0.0,
+        ge=0,
+        description="Simulation: GPUs per ClientApp (0.5: two share one); train.device=cuda needs > 0.",
     )
 
 
@@ -214,17 +230,22 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         key, text = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(parts):
-            raise ConfigError(f"override key '{key}' is malformed")
-        node = raw
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override '{key}': '{part}' is not a section")
-            node = child
-        node[parts[-1]] = _parse_scalar(text)
+        set_key(raw, key.strip(), _parse_scalar(text))
     return raw
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted `key` (`train.lr`) of a nested config dict, creating sections."""
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"override key '{key}' is malformed")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{key}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
 
 
 def load_raw(path: str | Path | None) -> dict[str, Any]:
@@ -249,7 +270,9 @@ def build_config(raw: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(_format_validation_error(err)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> ExperimentConfig:
     """Read YAML (or start from defaults), apply overrides, validate."""
     raw = apply_overrides(load_raw(path), overrides or [])
     return build_config(raw)

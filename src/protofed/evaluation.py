@@ -41,8 +41,7 @@ def _acc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def per_segment_scores(
-    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int,
-    num_classes: int,
+    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Accuracy and macro-F1 of every segment (client) at once.
 
@@ -55,8 +54,7 @@ def per_segment_scores(
 
 
 def class_counts(
-    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int,
-    num_classes: int,
+    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segments, classes) true positives, support and predicted counts.
 
@@ -69,7 +67,9 @@ def class_counts(
     support = np.bincount(segment * num_classes + y_true, minlength=size)
     valid = (y_pred >= 0) & (y_pred < num_classes)
     predicted = np.bincount(segment[valid] * num_classes + y_pred[valid], minlength=size)
-    tp, support, predicted = (a.reshape(num_segments, num_classes) for a in (tp, support, predicted))
+    tp, support, predicted = (
+        a.reshape(num_segments, num_classes) for a in (tp, support, predicted)
+    )
     return tp, support, predicted
 
 
@@ -91,8 +91,12 @@ def summarize(accs, f1s) -> dict[str, float]:
     """Mean and std across clients of per-client accuracy and F1 (NaN: a client without data)."""
     a, f = np.asarray(accs, dtype=float), np.asarray(f1s, dtype=float)
     if np.all(np.isnan(a)):
-        return {"acc": float("nan"), "acc_std": float("nan"), "f1": float("nan"),
-                "f1_std": float("nan")}
+        return {
+            "acc": float("nan"),
+            "acc_std": float("nan"),
+            "f1": float("nan"),
+            "f1_std": float("nan"),
+        }
     return {
         "acc": float(np.nanmean(a)),
         "acc_std": float(np.nanstd(a)),
@@ -131,8 +135,13 @@ def _fingerprint(arrays: Arrays) -> tuple:
 class Evaluator:
     """Scores client and global models on the federated splits; built once per run."""
 
-    def __init__(self, fed: FederatedData, model: FedModel, batch_size: int = 1024,
-                 generalization: bool = True) -> None:
+    def __init__(
+        self,
+        fed: FederatedData,
+        model: FedModel,
+        batch_size: int = 1024,
+        generalization: bool = True,
+    ) -> None:
         self.fed = fed
         self.model = model
         self.batch_size = batch_size
@@ -148,9 +157,7 @@ class Evaluator:
         load_weights(self.model, weights)
         return predict(self.model, x, self.batch_size).cpu().numpy()
 
-    def evaluate(
-        self, client_model: Callable[[int], Arrays], global_model: Arrays | None
-    ) -> dict:
+    def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
         Each distinct model predicts once: on the whole union when generalization is wanted or
@@ -179,8 +186,11 @@ class Evaluator:
                         done.clear()
                     t = self._predict(weights, self.test.x)
                     v = self._predict(weights, self.val.x) if len(self.val.y) else val_pred
-                    ga, gf = (_acc(self.test.y, t), _macro_f1(self.test.y, t)) \
-                        if self.generalization else (np.nan, np.nan)
+                    ga, gf = (
+                        (_acc(self.test.y, t), _macro_f1(self.test.y, t))
+                        if self.generalization
+                        else (np.nan, np.nan)
+                    )
                     done[key] = (t, v, ga, gf)
                 t, v, gen_acc[i], gen_f1[i] = done[key]
                 test_pred[lo:hi], val_pred[vlo:vhi] = t[lo:hi], v[vlo:vhi]
@@ -191,10 +201,12 @@ class Evaluator:
         pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c)
         val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c)
         per = {
-            "pers_acc": pers_acc.tolist(), "pers_f1": pers_f1.tolist(),
+            "pers_acc": pers_acc.tolist(),
+            "pers_f1": pers_f1.tolist(),
             "gen_acc": gen_acc.tolist() if self.generalization else [],
             "gen_f1": gen_f1.tolist() if self.generalization else [],
-            "val_acc": val_acc.tolist(), "val_f1": val_f1.tolist(),
+            "val_acc": val_acc.tolist(),
+            "val_f1": val_f1.tolist(),
         }
         result: dict = {
             "personalization": summarize(pers_acc, pers_f1),

@@ -31,10 +31,31 @@ _current: str | None = None  # the distribution whose entry point is being loade
 ORIGINS: dict[tuple[str, str], str] = {}  # (kind, name) -> the distribution that provides it
 
 
-def origin(kind: str, name: str) -> None:
-    """Called by a registry when it registers `name`: remembers the plugin it came from."""
+def register(kind: str, table: dict[str, Any], name: str, entry: Any) -> None:
+    """Put `entry` in a registry's `table` under `name`, remembering the plugin it came from.
+
+    Registering an equal entry again is a no-op; another entry of the name is an error naming
+    it (ConfigError, one line).
+    """
+    from protofed.errors import ConfigError
+
+    if name in table and table[name] != entry:
+        raise ConfigError(f"a {kind[:-1]} named '{name}' is already registered ({table[name]!r})")
+    table[name] = entry
     if _current is not None:
         ORIGINS[(kind, name)] = _current
+
+
+def registrar(
+    kind: str, table: dict[str, Any], name: str, entry: Callable[[Any], Any]
+) -> Callable[[Any], Any]:
+    """A decorator that registers `entry(decorated)` under `name` and returns it unchanged."""
+
+    def decorate(obj: Any) -> Any:
+        register(kind, table, name, entry(obj))
+        return obj
+
+    return decorate
 
 
 def provider(kind: str, name: str) -> str | None:
@@ -56,11 +77,16 @@ def load(kind: str, register: Callable[[Any], Any] | None = None) -> None:
             obj = ep.load()
             if not isinstance(obj, ModuleType):
                 if register is None:
-                    raise TypeError(f"{obj!r} is not a module (use the register decorator in "
-                                    "the module the entry point names)")
+                    raise TypeError(
+                        f"{obj!r} is not a module (use the register decorator in the module the entry point names)"
+                    )
                 register(obj)
         except Exception as err:  # noqa: BLE001 - a broken plugin must not stop protofed
-            warnings.warn(f"plugin {dist}: entry point '{ep.name}' of {GROUPS[kind]} failed "
-                          f"to load ({type(err).__name__}: {err})", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"plugin {dist}: entry point '{ep.name}' of {GROUPS[kind]} failed "
+                f"to load ({type(err).__name__}: {err})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         finally:
             _current = None

@@ -48,7 +48,11 @@ def embed(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 512) -> tor
 
 
 def embedding_means(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 512
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    batch_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class means of `model.features(x)`, in eval mode, batch by batch."""
     return class_means(embed(model, x, batch_size), y, num_classes)
@@ -118,9 +122,7 @@ def best_kmeans(
     return best[1], best[2]
 
 
-def shared_class_similarity(
-    means: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+def shared_class_similarity(means: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Client-by-client cosine similarity of prototypes, averaged over shared classes.
 
     means (M, C, D), counts (M, C) -> (M, M). Clients that share no class get -inf (never

@@ -11,9 +11,22 @@ from protofed.runs import PARTITION, SUMMARY, RunDir
 
 SCORES = ("personalization", "generalization", "global")
 COLUMNS = [
-    "run", "algorithm", "dataset", "rounds", "round",
-    "pers_acc", "pers_f1", "pers_f1_std", "gen_acc", "gen_f1", "gen_f1_std",
-    "global_acc", "global_f1", "up_MB", "down_MB", "s_per_round",
+    "run",
+    "algorithm",
+    "dataset",
+    "rounds",
+    "round",
+    "pers_acc",
+    "pers_f1",
+    "pers_f1_std",
+    "gen_acc",
+    "gen_f1",
+    "gen_f1_std",
+    "global_acc",
+    "global_f1",
+    "up_MB",
+    "down_MB",
+    "s_per_round",
 ]
 
 

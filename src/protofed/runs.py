@@ -51,8 +51,14 @@ class RunDir:
 
     # creation / opening -----------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, config: dict, partition: dict, partition_txt: str,
-               overwrite: bool = False) -> RunDir:
+    def create(
+        cls,
+        path: str | Path,
+        config: dict,
+        partition: dict,
+        partition_txt: str,
+        overwrite: bool = False,
+    ) -> RunDir:
         run = cls(path)
         if run.path.exists() and any(run.path.iterdir()):
             if not overwrite:

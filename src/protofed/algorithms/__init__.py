@@ -40,23 +40,9 @@ from protofed.algorithms.common.ala import (
 )
 from protofed.errors import ConfigError
 
-__all__ = [
-    "ALGORITHMS",
-    "MODEL",
-    "AggregateResult",
-    "Algorithm",
-    "Arrays",
-    "FitResult",
-    "Hyperparams",
-    "Metrics",
-    "Records",
-    "Reply",
-    "Setting",
-    "algorithm_class",
-    "build_algorithm",
-    "load_plugins",
-    "register_algorithm",
-]
+__all__ = ["ALGORITHMS", "algorithm_class", "build_algorithm", "load_plugins", "register_algorithm"]
+__all__ += ["MODEL", "AggregateResult", "Algorithm", "Arrays", "FitResult", "Hyperparams"]
+__all__ += ["Metrics", "Records", "Reply", "Setting"]
 
 _MODULES = sorted(
     m.name
@@ -91,11 +77,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
         raise ConfigError(f"{cls.__name__}: an algorithm needs class attributes name and summary")
-    if ALGORITHMS.get(name, cls) is not cls:
-        raise ConfigError(f"an algorithm named '{name}' is already registered "
-                          f"({ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__})")
-    ALGORITHMS[name] = cls
-    plugins.origin("algorithms", name)
+    plugins.register("algorithms", ALGORITHMS, name, cls)
     return cls
 
 
@@ -154,8 +136,7 @@ def parse_ala(name: str, raw: dict) -> AlaParams | None:
         raise ConfigError(f"unknown config key 'algorithm.{keys[0]}': {name} {why}")
     if not isinstance(section, dict):
         raise ConfigError(
-            f"'algorithm.{ALA_KEY}' must be a section, e.g. algorithm.{ALA_KEY}.enabled=true "
-            f"(got {section!r})"
+            f"'algorithm.{ALA_KEY}' must be a section, e.g. algorithm.{ALA_KEY}.enabled=true (got {section!r})"
         )
     return _validate(AlaParams, section, f"{ALA_KEY}.", name)  # type: ignore[return-value]
 

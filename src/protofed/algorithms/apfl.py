@@ -38,15 +38,8 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 
 PERSONAL = "personal"  # client state: v's parameters
 BUFFERS = "buffers"  # client state: v's buffers (BatchNorm statistics; none: absent or empty)
@@ -62,7 +55,6 @@ class APFL(Algorithm):
     name = "apfl"
     summary = "Personal model mixed with the global one by a per-client, adaptively learned alpha."
     reference = "Deng, Kamani & Mahdavi, Adaptive Personalized Federated Learning, arXiv 2020"
-    has_global_model = True
 
     class Params(Hyperparams):
         alpha: float = Field(

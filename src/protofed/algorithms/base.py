@@ -43,10 +43,10 @@ from protofed.core.types import (
 if TYPE_CHECKING:
     from protofed.config import TrainConfig
 
-__all__ = [
-    "MODEL", "AggregateResult", "Algorithm", "Arrays", "Client", "FitResult", "Hyperparams",
-    "Metrics", "Records", "Reply", "Setting",
-]
+# what an algorithm module needs, in one import: the core types and this module's classes
+__all__ = ["Algorithm", "Hyperparams", "Setting"]
+__all__ += ["MODEL", "AggregateResult", "Arrays", "Client", "FitResult", "Metrics", "Records"]
+__all__ += ["Reply"]
 
 
 class Hyperparams(BaseModel):

@@ -22,7 +22,6 @@ class Centralized(FedAvg):
     reference = (
         "Centralized training on pooled data (reference baseline, cf. McMahan et al., AISTATS 2017)"
     )
-    has_global_model = True
     pools_data: ClassVar[bool] = True  # the runtime trains one pooled client per round
 
     class Params(Hyperparams):

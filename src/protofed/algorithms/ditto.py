@@ -12,17 +12,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.ala import PERSONAL
 from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 
 
 class Ditto(Algorithm):
@@ -31,7 +24,6 @@ class Ditto(Algorithm):
     reference = (
         "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     )
-    has_global_model = True
     ala_local = "state"  # ALA plug-in: the local model is the personal model v ("personal")
 
     class Params(Hyperparams):

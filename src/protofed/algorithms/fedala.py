@@ -29,10 +29,7 @@ class FedALA(AdaptiveLocalAggregation, FedAvg):
     summary = (
         "FedAvg whose clients start from an adaptive local/global mix of the top layers (ALA)."
     )
-    reference = (
-        "Zhang et al., FedALA: Adaptive Local Aggregation for Personalized Federated "
-        "Learning, AAAI 2023"
-    )
+    reference = "Zhang et al., FedALA: Adaptive Local Aggregation for Personalized Federated Learning, AAAI 2023"
     ala_local = "reply"  # the local model is what the client trained and sent last time
 
     class Params(AlaSettings):

@@ -37,19 +37,9 @@ from collections.abc import Iterable
 import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
 from protofed.prototypes import kmeans
@@ -90,8 +80,7 @@ class FedAli(Algorithm):
         self.local_names = _names(init, LOCAL)
         if not self.local_names:
             raise ConfigError(
-                "fedali needs a model with ALP layers: set model.alp.enabled=true with "
-                "model.name hart or vit_tiny"
+                "fedali needs a model with ALP layers: set model.alp.enabled=true with model.name hart or vit_tiny"
             )
         self.global_names = [n[: -len(LOCAL)] + GLOBAL for n in self.local_names]
         self.scalar_names = _names(init, BETA) + _names(init, GAMMA)
@@ -105,8 +94,10 @@ class FedAli(Algorithm):
 
     def init_server(self) -> Records:
         init = self.setting.init_model
-        return {MODEL: {n: init[n] for n in self.weight_names},
-                GLOBAL_BANKS: {n: init[n] for n in self.global_names}}
+        return {
+            MODEL: {n: init[n] for n in self.weight_names},
+            GLOBAL_BANKS: {n: init[n] for n in self.global_names},
+        }
 
     def scalars(self, server_round: int) -> Arrays:
         beta = self.params.first_round_beta if server_round <= 1 else self.params.beta

@@ -32,16 +32,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 
 PERSONAL = "personal"  # client state: the fine-tuned model
 
@@ -49,11 +42,7 @@ PERSONAL = "personal"  # client state: the fine-tuned model
 class FedBABU(Algorithm):
     name = "fedbabu"
     summary = "Head fixed at init, body trained and averaged; personalize by fine-tuning."
-    reference = (
-        "Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image "
-        "Classification, ICLR 2022"
-    )
-    has_global_model = True
+    reference = "Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification, ICLR 2022"
 
     class Params(Hyperparams):
         finetune_epochs: int = Field(

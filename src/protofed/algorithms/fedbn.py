@@ -29,16 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 from protofed.errors import ConfigError
 
 BATCHNORM = "batchnorm"  # client state: the client's BatchNorm layers
@@ -67,10 +59,7 @@ def split_batchnorm(arrays: Arrays, local: Iterable[str]) -> tuple[Arrays, Array
 class FedBN(Algorithm):
     name = "fedbn"
     summary = "FedAvg with local BatchNorm: BN weights and statistics never leave the client."
-    reference = (
-        "Li et al., FedBN: Federated Learning on Non-IID Features via Local Batch "
-        "Normalization, ICLR 2021"
-    )
+    reference = "Li et al., FedBN: Federated Learning on Non-IID Features via Local Batch Normalization, ICLR 2021"
     has_global_model = False
 
     class Params(Hyperparams):

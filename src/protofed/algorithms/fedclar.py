@@ -42,19 +42,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from sklearn.cluster import AgglomerativeClustering
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import head_names
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 
 ASSIGN = "assign"  # server state: {"assign": each client's group, a (num_clients,) tensor}
 PERSONAL = "personal"  # client state: the fine-tuned model

@@ -79,20 +79,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.core.seeding import SERVER, derive_seed
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     best_kmeans,
@@ -250,7 +241,6 @@ class FedDPA(Algorithm):
         "Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning "
         "with Non-IID Data, Electronics 2025"
     )
-    has_global_model = True
 
     class Params(Hyperparams):
         alpha: float = Field(0.01, ge=0, description="Base regularisation strength (paper: 0.01).")
@@ -282,7 +272,8 @@ class FedDPA(Algorithm):
             description="Members of a group average equally (eq. 6, 8) or by their examples.",
         )
         missing_class: Literal["mean", "zero"] = Field(
-            "mean", description="Clustering: a lacking class is filled with the round's mean or zeros."
+            "mean",
+            description="Clustering: a lacking class is filled with the round's mean or zeros.",
         )
         contrastive: bool = Field(
             True, description="Ablation switch: false keeps the averaged prototypes."
@@ -313,10 +304,13 @@ class FedDPA(Algorithm):
         model = dict(self.setting.init_model)
         num_classes, dim = model["head.weight"].shape
         zeros = self.params.initial_prototypes == "zeros"
-        return {MODEL: model, GLOBAL_PROTOS: {
-            "prototypes": torch.zeros(num_classes, dim),
-            "present": torch.full((num_classes,), float(zeros)),
-        }}
+        return {
+            MODEL: model,
+            GLOBAL_PROTOS: {
+                "prototypes": torch.zeros(num_classes, dim),
+                "present": torch.full((num_classes,), float(zeros)),
+            },
+        }
 
     def configure(self, server: Records, client: int, server_round: int) -> Records:
         glob = server[GLOBAL_PROTOS]
@@ -337,7 +331,9 @@ class FedDPA(Algorithm):
         protos, present = protos.to(device), (counts > 0).to(device)
         het = 0.0
         if bool(present.any()) and self.params.adaptive:
-            before, before_counts = embedding_means(client.model, data.train_x, data.train_y, num_classes)
+            before, before_counts = embedding_means(
+                client.model, data.train_x, data.train_y, num_classes
+            )
             het = heterogeneity(
                 before, before_counts, protos, present, self.params.heterogeneity == "squared"
             )
@@ -377,12 +373,16 @@ class FedDPA(Algorithm):
             )
         if p.hierarchical:
             seed = derive_seed(self.setting.seed, SERVER, server_round) % 2**32  # sklearn: 32 bits
-            groups = group_clients(local, local_counts, p.num_groups, missing=p.missing_class, seed=seed)
+            groups = group_clients(
+                local, local_counts, p.num_groups, missing=p.missing_class, seed=seed
+            )
             examples = torch.tensor([r.num_examples for r in replies])
             weights = hierarchical_weights(groups, examples, p.group_weighting)
             by_client = {r.client: float(w) for r, w in zip(replies, weights, strict=True)}
             mean, _ = weighted_mean(replies, [MODEL], weight=lambda r: by_client[r.client])
-            merged, present = hierarchical_prototypes(local, local_counts, groups, p.group_weighting)
+            merged, present = hierarchical_prototypes(
+                local, local_counts, groups, p.group_weighting
+            )
         else:
             groups = torch.zeros(len(replies), dtype=torch.long)
             mean, _ = weighted_mean(replies, [MODEL])
@@ -394,13 +394,19 @@ class FedDPA(Algorithm):
         sep_before = float(separation_loss(prototypes, present, p.margin))
         if p.contrastive and p.align_steps > 0:
             prototypes = contrastive_refine(
-                prototypes, present, local, local_counts,
-                margin=p.margin, sep_weight=p.sep_weight, steps=p.align_steps, lr=p.align_lr,
+                prototypes,
+                present,
+                local,
+                local_counts,
+                margin=p.margin,
+                sep_weight=p.sep_weight,
+                steps=p.align_steps,
+                lr=p.align_lr,
             )
         metrics = {
             "lambda_mean": sum(r.metrics.get("reg_lambda", 0.0) for r in replies) / len(replies),
-            "heterogeneity_mean":
-                sum(r.metrics.get("heterogeneity", 0.0) for r in replies) / len(replies),
+            "heterogeneity_mean": sum(r.metrics.get("heterogeneity", 0.0) for r in replies)
+            / len(replies),
             "groups": float(len(torch.unique(groups))),
             "separation_before": sep_before,
             "separation_after": float(separation_loss(prototypes, present, p.margin)),

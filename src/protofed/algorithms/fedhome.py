@@ -40,19 +40,9 @@ from collections.abc import Iterable
 import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.split import split_arrays
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.prototypes import embed
 from protofed.training.loop import train_epochs
@@ -99,14 +89,12 @@ class FedHome(Algorithm):
         "Wu et al., FedHome: Cloud-Edge Based Personalized Federated Learning for In-Home "
         "Health Monitoring, IEEE TMC 2022"
     )
-    has_global_model = True
 
     class Params(Hyperparams):
         finetune_rounds: int = Field(
             50,
             ge=0,
-            description="The last rounds are fine-tuning rounds (FedSub/ProtoHAR: 50); must be "
-            "below train.rounds.",
+            description="The last rounds are fine-tuning rounds (FedSub/ProtoHAR: 50); must be below train.rounds.",
         )
         k_neighbors: int = Field(5, ge=1, description="SMOTE's k nearest neighbours (SMOTE: 5).")
         finetune_epochs: int | None = Field(
@@ -141,8 +129,13 @@ class FedHome(Algorithm):
         z = embed(model, client.data.train_x)
         zb, yb = smote_balance(z, client.data.train_y, self.params.k_neighbors, client.generator)
         metrics = train_epochs(
-            model.head, zb, yb, client.train, client.generator,
-            epochs=self.params.finetune_epochs, lr=self.params.head_lr,
+            model.head,
+            zb,
+            yb,
+            client.train,
+            client.generator,
+            epochs=self.params.finetune_epochs,
+            lr=self.params.head_lr,
         )
         metrics["balanced_examples"] = float(len(yb))
         _, head = split_arrays(client.weights())

@@ -45,19 +45,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import body_names, body_parameters
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     class_means,
@@ -128,11 +119,7 @@ def cosine_logits(
 class FedNH(Algorithm):
     name = "fednh"
     summary = "Cosine head of uniformly spread prototypes, fixed locally, moved by the server with momentum."
-    reference = (
-        "Dai et al., Tackling Data Heterogeneity in Federated Learning with Class Prototypes, "
-        "AAAI 2023"
-    )
-    has_global_model = True
+    reference = "Dai et al., Tackling Data Heterogeneity in Federated Learning with Class Prototypes, AAAI 2023"
 
     class Params(Hyperparams):
         rho: float = Field(
@@ -183,8 +170,11 @@ class FedNH(Algorithm):
         weights = client.weights()
         body = {k: weights[k] for k in body_names(weights)}
         metrics["scale"] = float(scale.detach())
-        reply = {MODEL: body, SCALE: {"scale": scale.detach().clone()},
-                 PROTOS: pack_prototypes(F.normalize(means, dim=1), counts)}
+        reply = {
+            MODEL: body,
+            SCALE: {"scale": scale.detach().clone()},
+            PROTOS: pack_prototypes(F.normalize(means, dim=1), counts),
+        }
         return FitResult(reply, metrics, {MODEL: weights})
 
     def aggregate(

@@ -49,28 +49,17 @@ from collections.abc import Iterable
 import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed import prototypes
+from protofed.algorithms.base import Algorithm
 from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.common.decoupled import head_then_aligned_body
-from protofed.algorithms.common.split import head_names, split_arrays
-from protofed.prototypes import (
-    PROTOS,
-    class_means,
-    embed,
-    merge_means,
-    pack_prototypes,
-    unpack_prototypes,
+from protofed.algorithms.common.decoupled import (
+    DecoupledParams,
+    body_without_prototypes,
+    head_then_aligned_body,
 )
+from protofed.algorithms.common.split import head_names, split_arrays
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
 
 HEAD = "head"  # a head: the client's own (state, reply), or its combined one (message)
 STATS = "stats"  # a reply's feature statistics: {"variance": (1,)}
@@ -90,8 +79,8 @@ def feature_statistics(
     e_y f^T, whose expectation is h = (pi_k mu_k)_k.
     """
     features = features.double()
-    means, counts = class_means(features, labels, num_classes)
-    second, _ = class_means(features.pow(2).sum(1, keepdim=True), labels, num_classes)
+    means, counts = prototypes.class_means(features, labels, num_classes)
+    second, _ = prototypes.class_means(features.pow(2).sum(1, keepdim=True), labels, num_classes)
     n = counts.sum().clamp(min=1)
     pi = counts / n
     h = pi.unsqueeze(1) * means
@@ -173,26 +162,18 @@ def combination_weights(
 
 class FedPAC(Algorithm):
     name = "fedpac"
-    summary = "Body aligned to global prototypes; each head a QP-weighted mix of the clients' heads."
-    reference = (
-        "Xu et al., Personalized Federated Learning with Feature Alignment and Classifier "
-        "Collaboration, ICLR 2023"
+    summary = (
+        "Body aligned to global prototypes; each head a QP-weighted mix of the clients' heads."
     )
+    reference = "Xu et al., Personalized Federated Learning with Feature Alignment and Classifier Collaboration, ICLR 2023"
     has_global_model = False
 
-    class Params(Hyperparams):
-        lam: float = Field(1.0, ge=0, description="Weight of the feature alignment term (paper: 1).")
-        head_epochs: int = Field(
-            1, ge=0, description="Epochs training the head, body frozen, each round (paper: 1)."
-        )
-        body_epochs: int | None = Field(
-            None, ge=0, description="Epochs training the body, head frozen; None: train.local_epochs."
-        )
-        head_lr: float | None = Field(
-            None, gt=0, description="Learning rate of the head phase; None: train.lr (authors: 0.1)."
-        )
+    class Params(DecoupledParams):
         min_weight: float = Field(
-            1e-3, ge=0, lt=1, description="Combination weights below this are zeroed (authors: 1e-3)."
+            1e-3,
+            ge=0,
+            lt=1,
+            description="Combination weights below this are zeroed (authors: 1e-3).",
         )
         qp_iters: int = Field(
             1000, ge=1, description="Most major steps of the QP solver (Wolfe's min-norm point)."
@@ -201,11 +182,7 @@ class FedPAC(Algorithm):
     params: Params
 
     def init_server(self) -> Records:
-        body, head = split_arrays(self.setting.init_model)
-        weight = head["head.weight"]  # (classes, embedding dim): no prototype yet
-        none = pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
-                               with_counts=False)
-        return {MODEL: body, PROTOS: none}
+        return body_without_prototypes(self.setting)
 
     def configure(self, server: Records, client: int, server_round: int) -> Records:
         """The body, the global prototypes, and this client's combined head if it has one."""
@@ -222,15 +199,20 @@ class FedPAC(Algorithm):
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
         client.load(self._head(message, state))
-        metrics = head_then_aligned_body(client, message[PROTOS], self.params,
-                                         self.setting.num_classes)
-        features = embed(client.model, client.data.train_x)
+        metrics = head_then_aligned_body(
+            client, message[PROTOS], self.params, self.setting.num_classes
+        )
+        features = prototypes.embed(client.model, client.data.train_x)
         means, counts, variance = feature_statistics(
             features, client.data.train_y, self.setting.num_classes
         )
         body, head = split_arrays(client.weights())
-        reply = {MODEL: body, HEAD: head, PROTOS: pack_prototypes(means.float(), counts.float()),
-                 STATS: {"variance": variance.float().reshape(1)}}
+        reply = {
+            MODEL: body,
+            HEAD: head,
+            PROTOS: pack_prototypes(means.float(), counts.float()),
+            STATS: {"variance": variance.float().reshape(1)},
+        }
         return FitResult(reply, metrics, {HEAD: head})
 
     def aggregate(
@@ -242,7 +224,7 @@ class FedPAC(Algorithm):
         dense = [unpack_prototypes(e[PROTOS], self.setting.num_classes) for e in extras]
         means = torch.stack([m for m, _ in dense])
         counts = torch.stack([c for _, c in dense])
-        prototypes, total = merge_means(means, counts)
+        merged, total = prototypes.merge_means(means, counts)
         pi = counts / counts.sum(1, keepdim=True).clamp(min=1)
         alpha = combination_weights(
             pi.unsqueeze(-1) * means,
@@ -250,8 +232,10 @@ class FedPAC(Algorithm):
             self.params.min_weight,
             self.params.qp_iters,
         )
-        new: Records = {MODEL: mean[MODEL],
-                        PROTOS: pack_prototypes(prototypes, total, with_counts=False)}
+        new: Records = {
+            MODEL: mean[MODEL],
+            PROTOS: pack_prototypes(merged, total, with_counts=False),
+        }
         new.update({k: v for k, v in server.items() if k.startswith(f"{HEAD}.")})  # not seen
         combined: list[Arrays] = [{} for _ in seen]
         for name in heads:

@@ -37,18 +37,9 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     embedding_means,
@@ -71,7 +62,9 @@ class FedProto(Algorithm):
 
     class Params(Hyperparams):
         lam: float = Field(
-            1.0, ge=0, description="Weight of the prototype distance (FedProto's lambda; official default 1)."
+            1.0,
+            ge=0,
+            description="Weight of the prototype distance (FedProto's lambda; official default 1).",
         )
         weighting: Literal["count", "uniform"] = Field(
             "count",
@@ -80,8 +73,7 @@ class FedProto(Algorithm):
         )
         inference: Literal["prototype", "head"] = Field(
             "prototype",
-            description="Classify by the nearest global prototype (the paper) or by the personal "
-            "model's own head.",
+            description="Classify by the nearest global prototype (the paper) or by the personal model's own head.",
         )
 
     params: Params
@@ -108,7 +100,9 @@ class FedProto(Algorithm):
         client.load(self.own_model(state))
         protos, counts = unpack_prototypes(message.get(PROTOS), num_classes)
         device = client.data.train_x.device
-        metrics = client.train_model(loss_fn=self.local_loss(protos.to(device), (counts > 0).to(device)))
+        metrics = client.train_model(
+            loss_fn=self.local_loss(protos.to(device), (counts > 0).to(device))
+        )
         means, class_counts = embedding_means(
             client.model, client.data.train_x, client.data.train_y, num_classes
         )

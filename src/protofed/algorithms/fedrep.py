@@ -18,10 +18,7 @@ from protofed.algorithms.common.split import HeadLocalAlgorithm, body_parameters
 class FedRep(HeadLocalAlgorithm):
     name = "fedrep"
     summary = "Shared body, local heads: train the head (body frozen), then the body (head frozen)."
-    reference = (
-        "Collins et al., Exploiting Shared Representations for Personalized Federated "
-        "Learning, ICML 2021"
-    )
+    reference = "Collins et al., Exploiting Shared Representations for Personalized Federated Learning, ICML 2021"
     has_global_model = False
     ala_local = "reply"  # ALA plug-in: the local model is the body the client trained last
 

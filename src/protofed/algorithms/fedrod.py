@@ -40,17 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.split import HEAD, head_names
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -85,11 +77,7 @@ def fedrod_loss(personal_head: nn.Module, prior_log: torch.Tensor) -> LossFn:
 class FedRoD(Algorithm):
     name = "fedrod"
     summary = "Generic model trained with balanced softmax (averaged) plus a local personal head."
-    reference = (
-        "Chen & Chao, On Bridging Generic and Personalized Federated Learning for Image "
-        "Classification, ICLR 2022"
-    )
-    has_global_model = True
+    reference = "Chen & Chao, On Bridging Generic and Personalized Federated Learning for Image Classification, ICLR 2022"
 
     class Params(Hyperparams):
         """No hyperparameters (FedRoD with a linear personal head)."""

@@ -62,19 +62,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.core.seeding import SERVER, derive_seed
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.prototypes import best_kmeans, class_means, shared_class_similarity
 
@@ -88,12 +78,14 @@ def fused_of(client: int) -> str:
     """The server's record of the shared layers fused for client `client`."""
     return f"fused.{client}"
 
+
 Strategy = Literal["overlap", "cluster_avg", "leadership"]
 
 
 class Params(Hyperparams):
     setting: Literal["partial", "full"] = Field(
-        "partial", description="partial: the first L layers form subnetworks (paper's best); full: all."
+        "partial",
+        description="partial: the first L layers form subnetworks (paper's best); full: all.",
     )
     depth: int | None = Field(
         None, ge=1, description="L for the partial setting; None: every layer below the head."
@@ -102,14 +94,22 @@ class Params(Hyperparams):
         "overlap",
         description="overlap (Overlapping Components, paper's best), cluster_avg, leadership.",
     )
-    neighbours: int = Field(5, ge=1, description="n: clients whose prototypes predict a missing one.")
+    neighbours: int = Field(
+        5, ge=1, description="n: clients whose prototypes predict a missing one."
+    )
     max_clusters: int = Field(8, ge=2, description="Largest k tried by the Davies-Bouldin search.")
     active_fraction: float = Field(
-        0.0, ge=0, lt=1, description="A parameter is in a class subnetwork if more than this "
+        0.0,
+        ge=0,
+        lt=1,
+        description="A parameter is in a class subnetwork if more than this "
         "fraction of the class's samples activate it (0: any sample, the paper's non-zero).",
     )
     own_weight: float = Field(
-        0.5, ge=0, le=1, description="overlap: share of the client's own value in eq. 7's "
+        0.5,
+        ge=0,
+        le=1,
+        description="overlap: share of the client's own value in eq. 7's "
         "normalised sum (0: the fused value replaces it).",
     )
 
@@ -173,7 +173,9 @@ def cluster_classes(
             continue
         points = means[rows, label].to(torch.float64).contiguous()
         found = _cluster_cached(
-            points.numpy().tobytes(), tuple(points.shape), max_clusters,
+            points.numpy().tobytes(),
+            tuple(points.shape),
+            max_clusters,
             derive_seed(seed, SERVER, label) % 2**32,  # scikit-learn takes 32-bit seeds
         )
         labels[rows, label] = torch.from_numpy(np.frombuffer(found, dtype=np.int64).copy())
@@ -251,8 +253,10 @@ def class_subnetworks(
     modules = [model.get_submodule(name) for name in layers]
     for name, module in zip(layers, modules, strict=True):
         if not isinstance(module, nn.Linear):
-            raise ConfigError(f"fedsub: layer '{name}' is a {type(module).__name__}; subnetworks "
-                              "are defined for Linear layers (use model.name=mlp)")
+            raise ConfigError(
+                f"fedsub: layer '{name}' is a {type(module).__name__}; subnetworks "
+                "are defined for Linear layers (use model.name=mlp)"
+            )
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = [
         module.register_forward_hook(
@@ -315,8 +319,7 @@ class FedSub(Algorithm):
             depth = self.params.depth if self.params.depth is not None else len(layers) - 1
         if not 1 <= depth <= len(layers):
             raise ConfigError(
-                f"invalid value for 'algorithm.depth': the model has {len(layers)} layers "
-                f"(got {self.params.depth})"
+                f"invalid value for 'algorithm.depth': the model has {len(layers)} layers (got {self.params.depth})"
             )
         self.layers = layers[:depth]
         self.shared = [n for n in init if n.rsplit(".", 1)[0] in self.layers]
@@ -346,12 +349,15 @@ class FedSub(Algorithm):
         weights = torch.stack(
             [torch.cat([r.records[MODEL][n].reshape(-1) for n in self.shared]) for r in replies]
         )
-        masks = torch.stack([
-            torch.cat([r.records[MASKS][n].reshape(len(counts[0]), -1) for n in self.shared], 1)
-            for r in replies
-        ])
-        fused = fuse(weights, masks, counts, accuracy, labels, self.params.fusion,
-                     self.params.own_weight)
+        masks = torch.stack(
+            [
+                torch.cat([r.records[MASKS][n].reshape(len(counts[0]), -1) for n in self.shared], 1)
+                for r in replies
+            ]
+        )
+        fused = fuse(
+            weights, masks, counts, accuracy, labels, self.params.fusion, self.params.own_weight
+        )
         new = dict(server)
         shapes = [self.setting.init_model[n].shape for n in self.shared]
         sizes = [int(np.prod(s)) for s in shapes]

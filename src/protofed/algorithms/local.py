@@ -9,17 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 
 
 class Local(Algorithm):

@@ -40,15 +40,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -99,7 +92,6 @@ class MOON(Algorithm):
     name = "moon"
     summary = "FedAvg plus a contrastive loss pulling representations to the global model's."
     reference = "Li, He & Song, Model-Contrastive Federated Learning, CVPR 2021"
-    has_global_model = True
 
     class Params(Hyperparams):
         mu: float = Field(

@@ -48,16 +48,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Metrics,
-    Records,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Metrics, Records
 from protofed.training.loop import batches, cross_entropy, make_optimizer
 
 PERSONAL = "personal"  # client state: the adapted model
@@ -136,15 +128,13 @@ class PerFedAvg(Algorithm):
         "Fallah, Mokhtari & Ozdaglar, Personalized Federated Learning with Theoretical "
         "Guarantees: A Model-Agnostic Meta-Learning Approach, NeurIPS 2020"
     )
-    has_global_model = True
     ala_local = "reply"  # ALA plug-in: the local model is the one the client trained last
 
     class Params(Hyperparams):
         alpha: float = Field(
             0.01,
             gt=0,
-            description="Inner (and personalization) step size alpha; the meta "
-            "step size beta is train.lr.",
+            description="Inner (and personalization) step size alpha; the meta step size beta is train.lr.",
         )
         variant: Literal["hf", "fo"] = Field(
             "hf",

@@ -39,19 +39,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Metrics,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Metrics
 from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.training.loop import batches, cross_entropy
 
 PERSONAL = "personal"  # client state: theta, the personalized model
@@ -92,11 +82,7 @@ def server_mix(server: Arrays, mean: Arrays, beta: float) -> Arrays:
 class PFedMe(Algorithm):
     name = "pfedme"
     summary = "Personal models as proximal points (Moreau envelopes) of a shared model."
-    reference = (
-        "T. Dinh, Tran & Nguyen, Personalized Federated Learning with Moreau Envelopes, "
-        "NeurIPS 2020"
-    )
-    has_global_model = True
+    reference = "T. Dinh, Tran & Nguyen, Personalized Federated Learning with Moreau Envelopes, NeurIPS 2020"
     ala_local = "reply"  # ALA plug-in: the local model is the w the client trained last
 
     class Params(Hyperparams):

@@ -112,19 +112,20 @@ class PFPL(FedProto):
 
     name = "pfpl"
     summary = "Personalized prototypes from distance-weighted neighbours; only prototypes travel."
-    reference = (
-        "Zeng et al., Personalized federated prototype learning in mixed heterogeneous data "
-        "scenarios (PFPL)"
-    )
+    reference = "Zeng et al., Personalized federated prototype learning in mixed heterogeneous data scenarios (PFPL)"
     reply_counts = False  # the server weighs clients by distance, not by class counts
 
     class Params(Hyperparams):
         alpha: float = Field(
-            0.3, ge=0, le=1,
+            0.3,
+            ge=0,
+            le=1,
             description="Weight of the client's own prototype in eq. 4 (paper: 0.3 Digits, "
             "0.5, 0.6 on its other data sets).",
         )
-        lam: float = Field(1.0, ge=0, description="Weight of the prototype consistency loss (eq. 5).")
+        lam: float = Field(
+            1.0, ge=0, description="Weight of the prototype consistency loss (eq. 5)."
+        )
         weights: Weighting = Field(
             "inverse",
             description="k_im: 'inverse' (1/d), 'softmax' (exp(-d/T)), both falling with "

@@ -35,22 +35,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    AggregateResult,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Records,
-    Reply,
-)
+from protofed.algorithms.base import Algorithm
 from protofed.algorithms.common.aggregation import weighted_mean
-from protofed.algorithms.common.decoupled import head_then_aligned_body
+from protofed.algorithms.common.decoupled import (
+    DecoupledParams,
+    body_without_prototypes,
+    head_then_aligned_body,
+)
 from protofed.algorithms.common.split import split_arrays
+from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     embedding_means,
@@ -62,7 +56,9 @@ from protofed.prototypes import (
 HEAD = "head"  # a client's state: its personal head
 
 
-def client_mean_prototypes(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def client_mean_prototypes(
+    means: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ProtoHAR's server merge: per class, the plain mean over the clients that have the class.
 
     means (M, C, D), counts (M, C) -> prototypes (C, D), number of clients per class (C,).
@@ -72,37 +68,21 @@ def client_mean_prototypes(means: torch.Tensor, counts: torch.Tensor) -> tuple[t
 
 class ProtoHAR(Algorithm):
     name = "protohar"
-    summary = "Global body aligned to global prototypes (CE + lam*MSE), personal head trained first."
+    summary = (
+        "Global body aligned to global prototypes (CE + lam*MSE), personal head trained first."
+    )
     reference = (
         "Cheng et al., ProtoHAR: Prototype Guided Personalized Federated Learning for Human "
         "Activity Recognition, IEEE JBHI 2023"
     )
     has_global_model = False
 
-    class Params(Hyperparams):
-        lam: float = Field(
-            1.0, ge=0, description="Weight of the prototype alignment term (authors' runs: 1.0)."
-        )
-        head_epochs: int = Field(
-            1, ge=0, description="Epochs training the personal head, body frozen (authors: 1)."
-        )
-        body_epochs: int | None = Field(
-            None, ge=0, description="Epochs training the body, head frozen; None: train.local_epochs."
-        )
-        head_lr: float | None = Field(
-            None,
-            gt=0,
-            description="Learning rate of the head phase; None: train.lr (authors: 10x the body's).",
-        )
+    Params = DecoupledParams
 
     params: Params
 
     def init_server(self) -> Records:
-        body, head = split_arrays(self.setting.init_model)
-        weight = head["head.weight"]  # (classes, embedding dim): no prototype yet
-        none = pack_prototypes(torch.zeros_like(weight), weight.new_zeros(len(weight)),
-                               with_counts=False)
-        return {MODEL: body, PROTOS: none}
+        return body_without_prototypes(self.setting)
 
     def local_head(self, state: Records) -> Arrays:
         return state[HEAD] if state else split_arrays(self.setting.init_model)[1]
@@ -110,14 +90,16 @@ class ProtoHAR(Algorithm):
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
         client.load(self.local_head(state))
-        metrics = head_then_aligned_body(client, message[PROTOS], self.params,
-                                         self.setting.num_classes)
+        metrics = head_then_aligned_body(
+            client, message[PROTOS], self.params, self.setting.num_classes
+        )
         means, counts = embedding_means(
             client.model, client.data.train_x, client.data.train_y, self.setting.num_classes
         )
         body, head = split_arrays(client.weights())
-        return FitResult({MODEL: body, PROTOS: pack_prototypes(means, counts)}, metrics,
-                         {HEAD: head})
+        return FitResult(
+            {MODEL: body, PROTOS: pack_prototypes(means, counts)}, metrics, {HEAD: head}
+        )
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
@@ -128,7 +110,8 @@ class ProtoHAR(Algorithm):
             torch.stack([m for m, _ in dense]), torch.stack([c for _, c in dense])
         )
         return AggregateResult(
-            {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)})
+            {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)}
+        )
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return {**message[MODEL], **self.local_head(state)}

@@ -1,11 +1,6 @@
 """Data: loaders (one per source), partitioners, and per-client splits."""
 
-from protofed.data.federated import (
-    ClientData,
-    FederatedData,
-    build_federated,
-    stratified_split,
-)
+from protofed.data.federated import ClientData, FederatedData, build_federated, stratified_split
 from protofed.data.partition import PARTITIONERS, partition
 from protofed.data.sources import (
     DATASETS,

@@ -232,8 +232,7 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
     notes: list[str] = []
     if cfg.partition == "natural" and len(parts) != cfg.num_clients:
         notes.append(
-            f"natural partition: {len(parts)} clients (one per group), not data.num_clients="
-            f"{cfg.num_clients}"
+            f"natural partition: {len(parts)} clients (one per group), not data.num_clients={cfg.num_clients}"
         )
     used = sum(len(p) for p in parts)
     if used < len(ds):
@@ -249,14 +248,12 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
             tr, va, te = stratified_split(ds.y[idx], cfg.split, rng)
         if len(tr) == 0 or len(te) == 0:
             fix = (
-                "this group is too small to split; remove it from the data or choose another "
-                "data.partition"
+                "this group is too small to split; remove it from the data or choose another data.partition"
                 if cfg.partition == "natural"
                 else "lower data.num_clients or use a less extreme data.partition"
             )
             raise ConfigError(
-                f"client '{name}' has {len(idx)} sample(s) but needs at least one train and one "
-                f"test sample; {fix}"
+                f"client '{name}' has {len(idx)} sample(s) but needs at least one train and one test sample; {fix}"
             )
         train, val, test = (_tensors(ds.X, ds.y, idx[p]) for p in (tr, va, te))
         clients.append(ClientData(name, group, *train, *val, *test))

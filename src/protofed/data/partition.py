@@ -217,12 +217,10 @@ def partition(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> li
     """Sample indices per client (sorted, disjoint) for data.partition."""
     if cfg.partition not in PARTITIONERS:
         raise ConfigError(
-            f"data.partition: unknown partitioner '{cfg.partition}' "
-            f"(valid: {', '.join(PARTITIONERS)})"
+            f"data.partition: unknown partitioner '{cfg.partition}' (valid: {', '.join(PARTITIONERS)})"
         )
     if cfg.partition != "natural" and cfg.num_clients > len(dataset):
         raise ConfigError(
-            f"data.num_clients={cfg.num_clients} exceeds the {len(dataset)} samples of "
-            f"{dataset.name}"
+            f"data.num_clients={cfg.num_clients} exceeds the {len(dataset)} samples of {dataset.name}"
         )
     return PARTITIONERS[cfg.partition][1](cfg, dataset, rng)

@@ -249,8 +249,7 @@ def _load_uci_folder(folder: Path, chans: list[int]) -> dict[str, Any]:
         for c, sig in zip(chans, signals, strict=True):
             if sig.shape[0] != n:
                 raise ConfigError(
-                    f"uci_har: {_UCI_CHANNELS[c]}_{part}.txt has {sig.shape[0]} rows but "
-                    f"y_{part}.txt has {n}"
+                    f"uci_har: {_UCI_CHANNELS[c]}_{part}.txt has {sig.shape[0]} rows but y_{part}.txt has {n}"
                 )
         xs.append(np.stack(signals, axis=1).astype(np.float32))
         ys.append(y)
@@ -789,9 +788,7 @@ DATASETS: dict[str, DatasetInfo] = {
         "MNIST (yann.lecun.com / torchvision)",
     ),
     "usps": DatasetInfo(
-        "USPS 16x16 digits, train+test (9298)",
-        _load_usps,
-        "USPS (Hull 1994; the Kaggle usps.h5)",
+        "USPS 16x16 digits, train+test (9298)", _load_usps, "USPS (Hull 1994; the Kaggle usps.h5)"
     ),
     "mnist_m": DatasetInfo(
         "MNIST-M 32x32 colour digits, test split (9001)",
@@ -846,14 +843,9 @@ def register_dataset(
     `needs_root`: it reads files under the data root (`data.dir`); `source`: where to get them.
     """
 
-    def decorate(loader: Callable[[DataConfig], Dataset]) -> Callable[[DataConfig], Dataset]:
-        if name in DATASETS and DATASETS[name].loader is not loader:
-            raise ConfigError(f"a data set named '{name}' is already registered")
-        DATASETS[name] = DatasetInfo(description, loader, source, needs_root)
-        plugins.origin("datasets", name)
-        return loader
-
-    return decorate
+    return plugins.registrar(
+        "datasets", DATASETS, name, lambda load: DatasetInfo(description, load, source, needs_root)
+    )
 
 
 def load_plugins() -> dict[str, DatasetInfo]:

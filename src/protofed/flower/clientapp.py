@@ -77,16 +77,25 @@ class ClientSide:
         """The answer to "query": which client this node is, and its partition's header."""
         if self.partition is not None:
             p = self.partition
-            return {"client": p.client, "fingerprint": p.fingerprint, "entry": p.entry,
-                    "counts": p.counts, "federation": p.federation}
+            return {
+                "client": p.client,
+                "fingerprint": p.fingerprint,
+                "entry": p.entry,
+                "counts": p.counts,
+                "federation": p.federation,
+            }
         assert self.prepared is not None
         cid, fed = int(node_config[PARTITION_ID_KEY]), self.prepared.fed
         summary = fed.summary()
         if not 0 <= cid < len(fed.clients):
             return {"client": cid}  # a node beyond this federation (a shared simulation session)
-        return {"client": cid, "fingerprint": wire.data_fingerprint(self.cfg),
-                "entry": summary["clients"][cid], "counts": summary["counts"][cid],
-                "federation": federation_header(fed)}
+        return {
+            "client": cid,
+            "fingerprint": wire.data_fingerprint(self.cfg),
+            "entry": summary["clients"][cid],
+            "counts": summary["counts"][cid],
+            "federation": federation_header(fed),
+        }
 
 
 _CACHE: dict[tuple[str, str], ClientSide] = {}
@@ -127,8 +136,9 @@ def client_side(config: str, node_config: dict) -> ClientSide:
 def _state(context: Context, key: str, device: torch.device) -> Records:
     prefix = f"{key}/"
     return {
-        name[len(prefix):]: wire.from_record(record, device)
-        for name, record in context.state.array_records.items() if name.startswith(prefix)
+        name[len(prefix) :]: wire.from_record(record, device)
+        for name, record in context.state.array_records.items()
+        if name.startswith(prefix)
     }
 
 
@@ -193,8 +203,16 @@ def train(msg: Message, context: Context) -> Message:
     device = resolve_device(side.cfg.train.device)
     message = wire.from_records(msg.content, device)
     data = side.data(cid, server_round)
-    result = run_fit(side.algorithm, side.model, side.cfg, data, message, cid, server_round,
-                     _state(context, key, device))
+    result = run_fit(
+        side.algorithm,
+        side.model,
+        side.cfg,
+        data,
+        message,
+        cid,
+        server_round,
+        _state(context, key, device),
+    )
     _set_state(context, key, result.state)
     reply = result.reply if fault is None else _corrupt(result.reply, fault)
     metrics = {**result.metrics, wire.NUM_EXAMPLES: float(len(data.train_y))}
@@ -212,19 +230,23 @@ def evaluate(msg: Message, context: Context) -> Message:
     state = _state(context, wire.state_key(str(task["config"])), device)
     model = side.algorithm.client_model(message, state)
     if str(task["mode"]) == "scores":
-        scores = _scores(side, cid, server_round, model,
-                         msg.content.array_records.get(wire.GLOBAL), device)
+        scores = _scores(
+            side, cid, server_round, model, msg.content.array_records.get(wire.GLOBAL), device
+        )
         return Message(RecordDict({wire.SCORES: scores}), reply_to=msg)
     # only what is not a tensor of the message: FedAvg's clients send nothing back, and the
     # server rebuilds the model from the very tensors it sent (shared models evaluated once)
     sent = {id(t): f"{rec}/{name}" for rec, arrays in message.items() for name, t in arrays.items()}
     keys = [k for k, v in model.items() if id(v) in sent]
     changed = {k: v for k, v in model.items() if id(v) not in sent}
-    content = RecordDict({
-        wire.SCORES: wire.to_record(changed),
-        wire.INFO: ConfigRecord({"from_message": keys,
-                                 "sources": [sent[id(model[k])] for k in keys]}),
-    })
+    content = RecordDict(
+        {
+            wire.SCORES: wire.to_record(changed),
+            wire.INFO: ConfigRecord(
+                {"from_message": keys, "sources": [sent[id(model[k])] for k in keys]}
+            ),
+        }
+    )
     return Message(content, reply_to=msg)
 
 
@@ -238,8 +260,14 @@ def _counts(side: ClientSide, weights: Arrays, x: torch.Tensor, y: torch.Tensor)
     return np.stack([tp[0], support[0], predicted[0]]).astype(np.int64)
 
 
-def _scores(side: ClientSide, cid: int, server_round: int, model: Arrays, global_record,
-            device: torch.device) -> ArrayRecord:
+def _scores(
+    side: ClientSide,
+    cid: int,
+    server_round: int,
+    model: Arrays,
+    global_record,
+    device: torch.device,
+) -> ArrayRecord:
     """Deployment evaluation on the client's own data: per-class counts, nothing else."""
     data = side.data(cid, server_round)
     counts = {

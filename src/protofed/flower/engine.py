@@ -67,7 +67,10 @@ FLOWER_ENV = {
 
 
 def discover(
-    grid: Grid, config_json: str, expected: int, wait_s: float = 60.0,
+    grid: Grid,
+    config_json: str,
+    expected: int,
+    wait_s: float = 60.0,
     timeout_s: float | None = None,
 ) -> tuple[dict[int, int], dict[int, dict]]:
     """Which node holds which client: wait for `expected` nodes, then ask each ("query").
@@ -82,11 +85,13 @@ def discover(
         time.sleep(0.5)
         nodes = list(grid.get_node_ids())
     if len(nodes) < expected:
-        raise RuntimeError(f"{len(nodes)} Flower node(s) connected within {wait_s:.0f} s, "
-                           f"{expected} expected")
+        raise RuntimeError(
+            f"{len(nodes)} Flower node(s) connected within {wait_s:.0f} s, {expected} expected"
+        )
     task = wire.task(wire.QUERY, 0, -1, config_json)
-    messages = [Message(RecordDict({wire.TASK: task}), node, wire.QUERY, group_id="query")
-                for node in nodes]
+    messages = [
+        Message(RecordDict({wire.TASK: task}), node, wire.QUERY, group_id="query") for node in nodes
+    ]
     node_of: dict[int, int] = {}
     infos: dict[int, dict] = {}
     for reply in grid.send_and_receive(messages, timeout=timeout_s):
@@ -110,14 +115,17 @@ def check_settings(prepared: Prepared, per_round: int, simulated: bool) -> None:
     """The Flower settings against the experiment, before any file exists."""
     cfg = prepared.cfg
     if prepared.pooled is not None:
-        raise ConfigError(f"'{prepared.algorithm.name}' pools all data in one client: "
-                          "run it on the built-in engine")
+        raise ConfigError(
+            f"'{prepared.algorithm.name}' pools all data in one client: run it on the built-in engine"
+        )
     if simulated and cfg.train.device != "cpu" and cfg.flower.client_gpus == 0:
-        raise ConfigError(f"train.device={cfg.train.device} on Flower: set "
-                          "flower.client_gpus (GPUs per ClientApp, e.g. 0.5)")
+        raise ConfigError(
+            f"train.device={cfg.train.device} on Flower: set flower.client_gpus (GPUs per ClientApp, e.g. 0.5)"
+        )
     if cfg.flower.min_replies > per_round:
-        raise ConfigError(f"flower.min_replies={cfg.flower.min_replies} exceeds the "
-                          f"{per_round} clients sampled per round")
+        raise ConfigError(
+            f"flower.min_replies={cfg.flower.min_replies} exceeds the {per_round} clients sampled per round"
+        )
 
 
 def client_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -167,13 +175,21 @@ class FlowerTransport:
         replies = self.grid.send_and_receive(messages, timeout=self.cfg.flower.timeout_s)
         return {client_of[r.metadata.src_node_id]: r for r in replies}
 
-    def content(self, kind: str, server_round: int, cid: int, message: Records,
-                mode: str = "", extra: dict | None = None, cache: dict | None = None
-                ) -> RecordDict:
+    def content(
+        self,
+        kind: str,
+        server_round: int,
+        cid: int,
+        message: Records,
+        mode: str = "",
+        extra: dict | None = None,
+        cache: dict | None = None,
+    ) -> RecordDict:
         """One client's message. `cache` keeps serialized records by record object: clients
         sent the same record (FedAvg's global model) share one ArrayRecord."""
-        content = RecordDict({wire.TASK: wire.task(kind, server_round, cid, self.config_json,
-                                                   mode)})
+        content = RecordDict(
+            {wire.TASK: wire.task(kind, server_round, cid, self.config_json, mode)}
+        )
         for name, arrays in message.items():
             if cache is None:
                 content[name] = wire.to_records({name: arrays})[name]
@@ -186,12 +202,15 @@ class FlowerTransport:
         return content
 
     # the transport ---------------------------------------------------------------------------
-    def fit(self, server: Records, server_round: int, clients: list[int]
-            ) -> Iterator[tuple[Reply, int]]:
+    def fit(
+        self, server: Records, server_round: int, clients: list[int]
+    ) -> Iterator[tuple[Reply, int]]:
         messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
         cache: dict = {}
-        contents = {cid: self.content(wire.TRAIN, server_round, cid, m, cache=cache)
-                    for cid, m in messages.items()}
+        contents = {
+            cid: self.content(wire.TRAIN, server_round, cid, m, cache=cache)
+            for cid, m in messages.items()
+        }
         answers = self.send(wire.TRAIN, contents, str(server_round))
         del contents, cache
         replies: list[Reply] = []
@@ -212,13 +231,15 @@ class FlowerTransport:
             replies.append(Reply(cid, records, metrics, examples))
         kept, invalid = self.validator.check_round(replies, messages)
         for r in [*rejected, *invalid]:
-            log.warning("round %d: reply of client %d rejected: %s", server_round, r.client,
-                        r.reason)
+            log.warning(
+                "round %d: reply of client %d rejected: %s", server_round, r.client, r.reason
+            )
             self.rejected.append({"round": server_round, "client": r.client, "reason": r.reason})
         if len(kept) < self.cfg.flower.min_replies:
             raise RoundFailed(
                 f"round {server_round}: {len(kept)} valid repl(ies) of {len(clients)}, "
-                f"flower.min_replies={self.cfg.flower.min_replies}")
+                f"flower.min_replies={self.cfg.flower.min_replies}"
+            )
         sent = {cid: nbytes(m) for cid, m in messages.items()}
         # a rejected client was sent its message all the same: its bytes count with the first
         # kept reply's (the loop counts bytes down per reply it sees)
@@ -231,8 +252,10 @@ class FlowerTransport:
         clients = sorted(self.node_of)
         messages = {i: self.algorithm.configure(server, i, server_round + 1) for i in clients}
         cache: dict = {}
-        contents = {i: self.content(wire.EVALUATE, server_round, i, m, mode="weights",
-                                    cache=cache) for i, m in messages.items()}
+        contents = {
+            i: self.content(wire.EVALUATE, server_round, i, m, mode="weights", cache=cache)
+            for i, m in messages.items()
+        }
         answers = self.send(wire.EVALUATE, contents, f"eval-{server_round}")
         models: dict[int, Arrays] = {}
         for i in clients:
@@ -240,13 +263,17 @@ class FlowerTransport:
             if answer is None or answer.has_error():
                 why = "no reply" if answer is None else answer.error.reason
                 raise RuntimeError(
-                    f"round {server_round}: client {i} did not return its model ({why})")
+                    f"round {server_round}: client {i} did not return its model ({why})"
+                )
             sent = messages[i]
             info = answer.content.config_records[wire.INFO]
-            kept = {str(k): str(src).split("/", 1)
-                    for k, src in zip(info["from_message"], info["sources"], strict=True)}
-            changed = wire.from_record(answer.content.array_records[wire.SCORES],
-                                       self.cfg.train.device)
+            kept = {
+                str(k): str(src).split("/", 1)
+                for k, src in zip(info["from_message"], info["sources"], strict=True)
+            }
+            changed = wire.from_record(
+                answer.content.array_records[wire.SCORES], self.cfg.train.device
+            )
             model = {**{k: sent[rec][name] for k, (rec, name) in kept.items()}, **changed}
             reason = self.validator.check_one({MODEL: model}, {}, {})
             expected = {k.split("/", 1)[1] for k in self.validator.model}
@@ -264,22 +291,35 @@ class FlowerTransport:
         per_round: dict[int, int] = {}
         for r in self.rejected:
             per_round[r["round"]] = per_round.get(r["round"], 0) + 1
-        return {"flower": {"rejected": len(self.rejected), "rejected_per_round": per_round,
-                           "rejections": self.rejected[:100], "startup_s": self.startup_s}}
+        return {
+            "flower": {
+                "rejected": len(self.rejected),
+                "rejected_per_round": per_round,
+                "rejections": self.rejected[:100],
+                "startup_s": self.startup_s,
+            }
+        }
 
 
 def simulation_loop(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
     """The round loop on Flower's simulation engine (attached to a Grid by `run_simulations`)."""
-    transport = FlowerTransport(prepared, wire.config_json(client_config(prepared.cfg)),
-                                "flower-simulation")
-    loop = RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport), run_dir,
-                     summary_extra=transport.summary)
+    transport = FlowerTransport(
+        prepared, wire.config_json(client_config(prepared.cfg)), "flower-simulation"
+    )
+    loop = RoundLoop(
+        prepared,
+        transport,
+        ServerSideEvaluation(prepared, transport),
+        run_dir,
+        summary_extra=transport.summary,
+    )
     check_settings(prepared, loop.per_round(), simulated=True)
     return loop
 
 
-def run_simulations(loops: list[RoundLoop], on_round: OnRound | None = None
-                    ) -> list[dict | Exception]:
+def run_simulations(
+    loops: list[RoundLoop], on_round: OnRound | None = None
+) -> list[dict | Exception]:
     """Run experiments one after the other in one session of Flower's simulation engine.
 
     Starting Ray is most of a short run's cost; a sweep (or a test) pays it once. The
@@ -309,15 +349,17 @@ def run_simulations(loops: list[RoundLoop], on_round: OnRound | None = None
                 assert isinstance(transport, FlowerTransport), "not a Flower round loop"
                 try:
                     n = loop.num_clients
-                    node_of, _ = discover(grid, transport.config_json, n,
-                                          timeout_s=loop.cfg.flower.timeout_s)
+                    node_of, _ = discover(
+                        grid, transport.config_json, n, timeout_s=loop.cfg.flower.timeout_s
+                    )
                     node_of = {c: node for c, node in node_of.items() if c < n}
                     missing = sorted(set(range(n)) - set(node_of))
                     if missing:
                         raise RuntimeError(f"clients {missing[:5]} have no node")
                     transport.attach(grid, node_of)
                     transport.startup_s = time.perf_counter() - (
-                        t_session if not results else t_loop)
+                        t_session if not results else t_loop
+                    )
                     results.append(loop.run(on_round))
                 except Exception as err:  # noqa: BLE001 - reported to the caller, per experiment
                     log.error("experiment %s stopped: %s", loop.algorithm.name, err)
@@ -335,9 +377,12 @@ def run_simulations(loops: list[RoundLoop], on_round: OnRound | None = None
     flwr_logger.setLevel(logging.WARNING)
     t_session = time.perf_counter()
     try:
-        run_simulation(server_app=server_app, client_app=client_app,
-                       num_supernodes=max(loop.num_clients for loop in loops),
-                       backend_config=backend)
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=max(loop.num_clients for loop in loops),
+            backend_config=backend,
+        )
     finally:
         flwr_logger.setLevel(level)
         _, alive = psutil.wait_procs(spawned, timeout=30)
@@ -363,8 +408,9 @@ def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Ro
     `run_simulation_loop`)."""
     prepared = prepare(cfg)
     loop = simulation_loop(prepared)  # validates the Flower settings before any file exists
-    loop.run_dir = RunDir.create(out, cfg.to_dict(), prepared.fed.summary(),
-                                 prepared.fed.counts_table(), overwrite=overwrite)
+    loop.run_dir = RunDir.create(
+        out, cfg.to_dict(), prepared.fed.summary(), prepared.fed.counts_table(), overwrite=overwrite
+    )
     return loop
 
 
@@ -382,8 +428,7 @@ class ClientSideEvaluation:
     reported.
     """
 
-    def __init__(self, prepared: Prepared, transport: FlowerTransport, present: list[int]
-                 ) -> None:
+    def __init__(self, prepared: Prepared, transport: FlowerTransport, present: list[int]) -> None:
         self.prepared = prepared
         self.transport = transport
         self.present = present
@@ -395,8 +440,14 @@ class ClientSideEvaluation:
         cache: dict = {}
         contents = {
             cid: self.transport.content(
-                wire.EVALUATE, server_round, cid, algorithm.configure(server, cid, server_round + 1),
-                mode="scores", extra=extra, cache=cache)
+                wire.EVALUATE,
+                server_round,
+                cid,
+                algorithm.configure(server, cid, server_round + 1),
+                mode="scores",
+                extra=extra,
+                cache=cache,
+            )
             for cid in self.present
         }
         answers = self.transport.send(wire.EVALUATE, contents, f"eval-{server_round}")
@@ -410,11 +461,14 @@ class ClientSideEvaluation:
                 try:
                     got = wire.from_record(answer.content.array_records[wire.SCORES])
                 except (ValueError, KeyError) as err:
-                    log.warning("round %d: client %d's scores rejected: %s", server_round, cid,
-                                err)
+                    log.warning("round %d: client %d's scores rejected: %s", server_round, cid, err)
             elif answer is not None:
-                log.warning("round %d: client %d failed to evaluate: %s", server_round, cid,
-                            answer.error.reason)
+                log.warning(
+                    "round %d: client %d failed to evaluate: %s",
+                    server_round,
+                    cid,
+                    answer.error.reason,
+                )
             for key in counts:
                 value = got.get(key)
                 ok = value is not None and tuple(value.shape) == (3, c) and bool((value >= 0).all())
@@ -433,8 +487,10 @@ class ClientSideEvaluation:
             "clients": {
                 "pers_acc": scores["pers.test"][0].tolist(),
                 "pers_f1": scores["pers.test"][1].tolist(),
-                "gen_acc": [], "gen_f1": [],
-                "val_acc": scores["pers.val"][0].tolist(), "val_f1": scores["pers.val"][1].tolist(),
+                "gen_acc": [],
+                "gen_f1": [],
+                "val_acc": scores["pers.val"][0].tolist(),
+                "val_f1": scores["pers.val"][1].tolist(),
                 "client_ids": self.present,
             },
         }
@@ -444,13 +500,15 @@ class ClientSideEvaluation:
                 total = rows.sum(0)
                 acc, f1 = scores_from_counts(total[None, 0], total[None, 1], total[None, 2])
                 _, per_client = scores_from_counts(rows[:, 0], rows[:, 1], rows[:, 2])
-                result["global"] = {"acc": float(acc[0]), "f1": float(f1[0]),
-                                    "f1_std": float(np.nanstd(per_client))}
+                result["global"] = {
+                    "acc": float(acc[0]),
+                    "f1": float(f1[0]),
+                    "f1_std": float(np.nanstd(per_client)),
+                }
         return result
 
 
-def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float
-           ) -> tuple[RoundLoop, dict]:
+def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tuple[RoundLoop, dict]:
     """The server of a deployed federation: no data, the clients present, client-side scores.
 
     Asks the nodes who they are, then builds the server side from their partition headers.
@@ -471,22 +529,36 @@ def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float
     device = resolve_device(cfg.train.device)
     shape = tuple(fed_header["input_shape"])
     fed = FederatedData(
-        dataset=fed_header["dataset"], num_classes=fed_header["num_classes"],
-        class_names=fed_header["class_names"], input_shape=shape, kind=fed_header["kind"],
-        clients=[_empty(shape, headers[c]["entry"]["name"], headers[c]["entry"]["group"])
-                 for c in present],
+        dataset=fed_header["dataset"],
+        num_classes=fed_header["num_classes"],
+        class_names=fed_header["class_names"],
+        input_shape=shape,
+        kind=fed_header["kind"],
+        clients=[
+            _empty(shape, headers[c]["entry"]["name"], headers[c]["entry"]["group"])
+            for c in present
+        ],
         counts=np.array([headers[c]["counts"] for c in present], dtype=np.int64),
         meta=fed_header["meta"],
     )
     model, algorithm = build_model_and_algorithm(
         cfg, shape, fed.num_classes, int(fed_header["num_clients"]), device
     )
-    summary = {**fed_header, "clients": [headers[c]["entry"] for c in present],
-               "counts": fed.counts.tolist(), "deployed_clients": present}
+    summary = {
+        **fed_header,
+        "clients": [headers[c]["entry"] for c in present],
+        "counts": fed.counts.tolist(),
+        "deployed_clients": present,
+    }
     prepared = Prepared(cfg, fed, model, algorithm)
     transport = FlowerTransport(prepared, wire.config_json(cfg), "flower-deployment")
     transport.attach(grid, {c: node_of[c] for c in present})
-    loop = RoundLoop(prepared, transport, ClientSideEvaluation(prepared, transport, present),
-                     population=present, summary_extra=transport.summary)
+    loop = RoundLoop(
+        prepared,
+        transport,
+        ClientSideEvaluation(prepared, transport, present),
+        population=present,
+        summary_extra=transport.summary,
+    )
     check_settings(prepared, loop.per_round(), simulated=False)
     return loop, summary

@@ -45,8 +45,13 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path) -> list[Path]:
     paths = []
     for i, client in enumerate(fed.clients):
         path = folder / f"client_{i}.npz"
-        own = {"client": i, "entry": summary["clients"][i], "counts": summary["counts"][i],
-               "fingerprint": fingerprint, "federation": header}
+        own = {
+            "client": i,
+            "entry": summary["clients"][i],
+            "counts": summary["counts"][i],
+            "fingerprint": fingerprint,
+            "federation": header,
+        }
         np.savez(
             path,
             header=np.array(json.dumps(own)),
@@ -91,5 +96,11 @@ def load_partition(path: str | Path) -> Partition:
         tensors = {name: torch.from_numpy(np.array(f[name])) for name in _TENSORS}
     entry = header["entry"]
     data = ClientData(entry["name"], entry["group"], **tensors)
-    return Partition(int(header["client"]), data, entry, header["counts"], header["fingerprint"],
-                     header["federation"])
+    return Partition(
+        int(header["client"]),
+        data,
+        entry,
+        header["counts"],
+        header["fingerprint"],
+        header["federation"],
+    )

@@ -48,6 +48,9 @@ def main(grid: Grid, context: Context) -> None:
     loop.transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
     summary = loop.run()
     pers = summary["final"]["personalization"]
-    print(f"protofed: {summary['algorithm']} on {loop.num_clients} SuperNodes, "
-          f"{summary['rounds']} rounds: personalization acc {pers['acc']:.4f}, "
-          f"{summary['flower']['rejected']} repl(ies) rejected; run directory {out}", flush=True)
+    print(
+        f"protofed: {summary['algorithm']} on {loop.num_clients} SuperNodes, "
+        f"{summary['rounds']} rounds: personalization acc {pers['acc']:.4f}, "
+        f"{summary['flower']['rejected']} repl(ies) rejected; run directory {out}",
+        flush=True,
+    )

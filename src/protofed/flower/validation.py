@@ -63,8 +63,9 @@ class ReplyValidator:
         return cls({f"{MODEL}/{k}": (v.shape, v.dtype) for k, v in weights.items()})
 
     # one reply on its own (rules 1-4) ------------------------------------------------------
-    def check_one(self, records: Records, metrics: Metrics, message: Records,
-                  num_examples: float = 0.0) -> str | None:
+    def check_one(
+        self, records: Records, metrics: Metrics, message: Records, num_examples: float = 0.0
+    ) -> str | None:
         """The reason a reply is malformed, or None."""
         if num_examples < 0:
             return f"num_examples is negative ({num_examples})"
@@ -76,22 +77,26 @@ class ReplyValidator:
             if name in self.model:
                 shape, dtype = self.model[name]
                 if value.shape != shape or value.dtype != dtype:
-                    return (f"array '{name}' is {_describe(value.shape, value.dtype)}, "
-                            f"the model's weight is {_describe(shape, dtype)}")
+                    return (
+                        f"array '{name}' is {_describe(value.shape, value.dtype)}, "
+                        f"the model's weight is {_describe(shape, dtype)}"
+                    )
             elif name in message:
                 sent = message[name]
-                if value.dtype != sent.dtype or value.shape[1:] != sent.shape[1:] or (
-                    value.dim() != sent.dim()
+                if (
+                    value.dtype != sent.dtype
+                    or value.shape[1:] != sent.shape[1:]
+                    or (value.dim() != sent.dim())
                 ):
-                    return (f"array '{name}' is {_describe(value.shape, value.dtype)}, the "
-                            f"message's is {_describe(sent.shape, sent.dtype)}")
+                    return (
+                        f"array '{name}' is {_describe(value.shape, value.dtype)}, the "
+                        f"message's is {_describe(sent.shape, sent.dtype)}"
+                    )
         return None
 
     @staticmethod
     def layout(arrays: Arrays) -> Layout:
-        return tuple(sorted(
-            (k, str(v.dtype), (v.dim(), *v.shape[1:])) for k, v in arrays.items()
-        ))
+        return tuple(sorted((k, str(v.dtype), (v.dim(), *v.shape[1:])) for k, v in arrays.items()))
 
     # a round (rule 5) ----------------------------------------------------------------------
     def check_round(
@@ -101,8 +106,9 @@ class ReplyValidator:
         rejected: list[Rejected] = []
         passed: list[Reply] = []
         for reply in replies:
-            reason = self.check_one(reply.records, reply.metrics, messages.get(reply.client, {}),
-                                    reply.num_examples)
+            reason = self.check_one(
+                reply.records, reply.metrics, messages.get(reply.client, {}), reply.num_examples
+            )
             if reason is None:
                 passed.append(reply)
             else:

@@ -36,7 +36,11 @@ from protofed.core.types import Arrays, Metrics, Records
 
 RESERVED = "protofed."
 GLOBAL, SCORES, TASK, METRICS, INFO, STATE = (
-    "protofed.global", "protofed.scores", "protofed.task", "protofed.metrics", "protofed.info",
+    "protofed.global",
+    "protofed.scores",
+    "protofed.task",
+    "protofed.metrics",
+    "protofed.info",
     "protofed.state",
 )
 NUM_EXAMPLES = "num_examples"  # the reply's training-set size, among its metrics
@@ -121,7 +125,12 @@ def state_key(config: str) -> str:
 
 
 def task(kind: str, server_round: int, client: int, config: str, mode: str = "") -> ConfigRecord:
-    return ConfigRecord({
-        "kind": kind, "round": int(server_round), "client": int(client), "config": config,
-        "mode": mode,
-    })
+    return ConfigRecord(
+        {
+            "kind": kind,
+            "round": int(server_round),
+            "client": int(client),
+            "config": config,
+            "mode": mode,
+        }
+    )

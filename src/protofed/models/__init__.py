@@ -38,7 +38,8 @@ MODELS: dict[str, ModelInfo] = {
         "FedAvg CNN (McMahan et al. 2017): 2 conv5x5 + FC 512, images", build_cnn, "image"
     ),
     "pflcnn": ModelInfo(
-        "PFLlib's FedAvgCNN (FedALA's 4-layer CNN): cnn without padding, images", build_pflcnn,
+        "PFLlib's FedAvgCNN (FedALA's 4-layer CNN): cnn without padding, images",
+        build_pflcnn,
         "image",
     ),
     "cnn1d": ModelInfo(
@@ -82,14 +83,7 @@ def register_model(
     if inputs not in ("any", "image", "sensor"):
         raise ConfigError(f"register_model('{name}'): inputs must be any, image or sensor")
 
-    def decorate(build: Builder) -> Builder:
-        if name in MODELS and MODELS[name].build is not build:
-            raise ConfigError(f"a model named '{name}' is already registered")
-        MODELS[name] = ModelInfo(description, build, inputs)
-        plugins.origin("models", name)
-        return build
-
-    return decorate
+    return plugins.registrar("models", MODELS, name, lambda b: ModelInfo(description, b, inputs))
 
 
 def load_plugins() -> dict[str, ModelInfo]:

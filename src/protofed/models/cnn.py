@@ -43,6 +43,7 @@ class CNN(FedModel):
             return ((n + 2 * padding - 4) // 2 + 2 * padding - 4) // 2
 
         flat = 64 * side(height) * side(width)
+
         def norm(width: int) -> list[nn.Module]:  # cnnbn: BatchNorm after each convolution
             return [nn.BatchNorm2d(width)] if batch_norm else []
 

@@ -42,11 +42,7 @@ class CNN1D(FedModel):
             blocks += [nn.ReLU(), nn.MaxPool1d(2)]
             width = 64
         self.features = nn.Sequential(
-            *blocks,
-            nn.AdaptiveAvgPool1d(1),
-            nn.Flatten(),
-            Linear(64, embedding_dim),
-            nn.ReLU(),
+            *blocks, nn.AdaptiveAvgPool1d(1), nn.Flatten(), Linear(64, embedding_dim), nn.ReLU()
         )
         self.head = Linear(embedding_dim, num_classes)
         self.embedding_dim = embedding_dim

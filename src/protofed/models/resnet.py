@@ -28,8 +28,7 @@ class BasicBlock(nn.Module):
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_planes != planes:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(planes),
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -50,8 +50,7 @@ def make_alps(cfg: AlpConfig, dim: int, blocks: int) -> list[ALP | None]:
     counts = cfg.prototypes * blocks if len(cfg.prototypes) == 1 else cfg.prototypes
     if len(counts) != blocks:
         raise ConfigError(
-            f"model.alp.prototypes needs one count per block ({blocks}) or a single count; "
-            f"got {len(cfg.prototypes)}"
+            f"model.alp.prototypes needs one count per block ({blocks}) or a single count; got {len(cfg.prototypes)}"
         )
     return [
         ALP(
@@ -80,14 +79,17 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = (torch.rand(x.shape[0], *([1] * (x.dim() - 1)), device=x.device) >= self.p)
+        keep = torch.rand(x.shape[0], *([1] * (x.dim() - 1)), device=x.device) >= self.p
         return x * keep.to(x.dtype) / (1 - self.p)
 
 
 class Mlp(nn.Sequential):
     def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
         super().__init__(
-            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim),
+            nn.Linear(dim, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, dim),
             nn.Dropout(dropout),
         )
 
@@ -104,7 +106,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, z, d = x.shape
         q, k, v = self.qkv(x).reshape(b, z, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.out(y.transpose(1, 2).reshape(b, z, d))
 
 
@@ -144,7 +148,8 @@ class HartBlock(nn.Module):
             h = self.alp(h)
         q = self.q
         branches = torch.cat(
-            [self.attn_acc(h[..., :q]), self.lite(h[..., q:-q]), self.attn_gyro(h[..., -q:])], dim=-1
+            [self.attn_acc(h[..., :q]), self.lite(h[..., q:-q]), self.attn_gyro(h[..., -q:])],
+            dim=-1,
         )
         x = x + self.drop(branches)
         return x + self.drop(self.mlp(self.norm2(x)))
@@ -173,12 +178,19 @@ class HartFeatures(nn.Module):
         """(B, C, T) -> (B, Z, c * FRAME): non-overlapping frames of FRAME samples."""
         part = x[:, channels, : self.tokens * FRAME]
         b, c, _ = part.shape
-        return part.reshape(b, c, self.tokens, FRAME).permute(0, 2, 1, 3).reshape(b, self.tokens, c * FRAME)
+        return (
+            part.reshape(b, c, self.tokens, FRAME)
+            .permute(0, 2, 1, 3)
+            .reshape(b, self.tokens, c * FRAME)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.split:
             h = torch.cat(
-                [self.proj_acc(self.frames(x, slice(0, 3))), self.proj_gyro(self.frames(x, slice(3, 6)))],
+                [
+                    self.proj_acc(self.frames(x, slice(0, 3))),
+                    self.proj_gyro(self.frames(x, slice(3, 6))),
+                ],
                 dim=-1,
             )
         else:
@@ -193,7 +205,9 @@ class HartFeatures(nn.Module):
 class HART(FedModel):
     """Lightweight HAR transformer (6 blocks, d = 192), optional ALP layers; see module doc."""
 
-    def __init__(self, channels: int, time: int, num_classes: int, alp: AlpConfig | None = None) -> None:
+    def __init__(
+        self, channels: int, time: int, num_classes: int, alp: AlpConfig | None = None
+    ) -> None:
         super().__init__()
         self.features = HartFeatures(
             channels, time // FRAME, make_alps(alp or AlpConfig(), DIM, BLOCKS), dropout=0.3
@@ -243,7 +257,9 @@ class VitFeatures(nn.Module):
 class ViTTiny(FedModel):
     """ViT with 6 blocks of width 192 on 64 patches; optional ALP layers; see module doc."""
 
-    def __init__(self, channels: int, side: int, num_classes: int, alp: AlpConfig | None = None) -> None:
+    def __init__(
+        self, channels: int, side: int, num_classes: int, alp: AlpConfig | None = None
+    ) -> None:
         super().__init__()
         self.features = VitFeatures(channels, side, make_alps(alp or AlpConfig(), DIM, BLOCKS))
         self.head = nn.Linear(DIM, num_classes)

@@ -164,7 +164,9 @@ class ALP(nn.Module):
         return max(1, min(num_tokens, math.ceil(n / self.num_prototypes)))
 
     @torch.no_grad()
-    def update_local(self, tokens: torch.Tensor, column_scores: torch.Tensor, batch_size: int) -> None:
+    def update_local(
+        self, tokens: torch.Tensor, column_scores: torch.Tensor, batch_size: int
+    ) -> None:
         """Step 5: EMA of each local prototype toward its top-k tokens' weighted mean.
 
         `column_scores` (N, G) is the local plan up to a positive factor per column, which
@@ -175,7 +177,9 @@ class ALP(nn.Module):
             weights, index = column_scores.max(dim=0, keepdim=True)
         else:
             weights, index = column_scores.topk(k, dim=0)  # (k, G): each prototype's top-k tokens
-        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(
+            torch.finfo(weights.dtype).tiny
+        )
         target = (weights.unsqueeze(-1) * tokens[index]).sum(dim=0)  # (G, d)
         bank = getattr(self, LOCAL)
         bank.mul_(self.gamma).add_((1 - self.gamma) * target.to(bank.dtype))

@@ -51,8 +51,9 @@ def _onednn_operands(*tensors: torch.Tensor) -> bool:
     return (
         POINTWISE is not None
         and torch.get_num_threads() == 1
-        and all(t.dim() == 2 and t.device.type == "cpu" and t.dtype == torch.float32
-                for t in tensors)
+        and all(
+            t.dim() == 2 and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors
+        )
     )
 
 

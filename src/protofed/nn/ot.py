@@ -159,7 +159,11 @@ def direct_is_safe(scores: torch.Tensor, epsilon: float) -> bool:
 
 
 def sinkhorn(
-    scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3, *, log_domain: bool | None = None
+    scores: torch.Tensor,
+    epsilon: float = 0.05,
+    iterations: int = 3,
+    *,
+    log_domain: bool | None = None,
 ) -> torch.Tensor:
     """The entropic transport plan (..., N, K) for `scores`; see `sinkhorn_log`.
 

@@ -1,12 +1,12 @@
 """Running experiments: preparation, the round loop, its transports and evaluation modes.
 
-    prepare.py   config -> data, model, algorithm (every config error before any file)
-    loop.py      RoundLoop: sample, send, aggregate, evaluate, record, checkpoint
-    local.py     InProcessTransport: clients trained here or in worker processes
-    parallel.py  WorkerPool: forked single-threaded workers
-    scoring.py   ServerSideEvaluation: scores on the server's copy of every client's data
-    dynamic.py   data.dynamic: classes withheld and given back on a schedule
-    engine.py    simulate / start / resume: the built-in engine and its run directory
+prepare.py   config -> data, model, algorithm (every config error before any file)
+loop.py      RoundLoop: sample, send, aggregate, evaluate, record, checkpoint
+local.py     InProcessTransport: clients trained here or in worker processes
+parallel.py  WorkerPool: forked single-threaded workers
+scoring.py   ServerSideEvaluation: scores on the server's copy of every client's data
+dynamic.py   data.dynamic: classes withheld and given back on a schedule
+engine.py    simulate / start / resume: the built-in engine and its run directory
 """
 
 from protofed.runtime.engine import resume, simulate, start
@@ -16,7 +16,19 @@ from protofed.runtime.prepare import POOLED, Prepared, build_model_and_algorithm
 from protofed.runtime.scoring import ServerSideEvaluation
 
 __all__ = [
-    "POOLED", "Evaluation", "InProcessTransport", "Prepared", "Progress", "RoundLoop",
-    "ServerSideEvaluation", "Transport", "build_model_and_algorithm", "fit_client", "prepare",
-    "resume", "run_fit", "simulate", "start",
+    "POOLED",
+    "Evaluation",
+    "InProcessTransport",
+    "Prepared",
+    "Progress",
+    "RoundLoop",
+    "ServerSideEvaluation",
+    "Transport",
+    "build_model_and_algorithm",
+    "fit_client",
+    "prepare",
+    "resume",
+    "run_fit",
+    "simulate",
+    "start",
 ]

@@ -78,11 +78,16 @@ class DynamicClasses:
 
     def federated(self, fed: FederatedData, server_round: int) -> FederatedData:
         """Every client's view in `round` (what the evaluation of that round scores)."""
-        return replace(fed, clients=[self.view(c, i, server_round) for i, c in enumerate(fed.clients)])
+        return replace(
+            fed, clients=[self.view(c, i, server_round) for i, c in enumerate(fed.clients)]
+        )
 
     def describe(self) -> dict:
         """JSON-able schedule for the run directory."""
-        return {"every": self.every, "withheld": {str(k): list(v) for k, v in self.withheld.items()}}
+        return {
+            "every": self.every,
+            "withheld": {str(k): list(v) for k, v in self.withheld.items()},
+        }
 
 
 def client_data(

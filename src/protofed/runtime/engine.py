@@ -21,8 +21,9 @@ def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Validate and build everything, then create the run directory."""
     prepared = prepare(cfg)
-    run = RunDir.create(out, cfg.to_dict(), prepared.fed.summary(), prepared.fed.counts_table(),
-                        overwrite=overwrite)
+    run = RunDir.create(
+        out, cfg.to_dict(), prepared.fed.summary(), prepared.fed.counts_table(), overwrite=overwrite
+    )
     return simulate(prepared, run)
 
 

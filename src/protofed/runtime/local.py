@@ -25,8 +25,14 @@ from protofed.training.client import Client
 
 
 def run_fit(
-    algorithm: Algorithm, model: FedModel, cfg: ExperimentConfig, data: ClientData,
-    message: Records, client: int, server_round: int, state: Records,
+    algorithm: Algorithm,
+    model: FedModel,
+    cfg: ExperimentConfig,
+    data: ClientData,
+    message: Records,
+    client: int,
+    server_round: int,
+    state: Records,
 ) -> FitResult:
     """The client's side of a round once the message is there: seed, then `fit`.
 
@@ -59,8 +65,9 @@ def fit_and_count(
     """`fit_client`, and the bytes of the message the client was sent."""
     message = prepared.algorithm.configure(server, client, server_round)
     data = prepared.client_data(client, server_round)
-    result = run_fit(prepared.algorithm, prepared.model, prepared.cfg, data, message, client,
-                     server_round, state)
+    result = run_fit(
+        prepared.algorithm, prepared.model, prepared.cfg, data, message, client, server_round, state
+    )
     return result, nbytes(message)
 
 
@@ -78,8 +85,9 @@ class InProcessTransport:
     def state_of(self, client: int) -> Records:
         return self.states.get(client, {})
 
-    def fit(self, server: Records, server_round: int, clients: list[int]
-            ) -> Iterator[tuple[Reply, int]]:
+    def fit(
+        self, server: Records, server_round: int, clients: list[int]
+    ) -> Iterator[tuple[Reply, int]]:
         """Each sampled client's reply and the bytes sent to it, lazily, in sampling order."""
         p = self.prepared
         tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]

@@ -33,8 +33,9 @@ class Transport(Protocol):
     name: str  # the engine's name in the summary
     states: dict[int, Records] | None  # client states kept here (checkpointed), or None
 
-    def fit(self, server: Records, server_round: int, clients: list[int]
-            ) -> Iterator[tuple[Reply, int]]:
+    def fit(
+        self, server: Records, server_round: int, clients: list[int]
+    ) -> Iterator[tuple[Reply, int]]:
         """Each client's reply and the bytes sent to it, lazily; rejected replies left out."""
         ...
 
@@ -83,8 +84,9 @@ class RoundLoop:
         self.transport = transport
         self.evaluation = evaluation
         self.run_dir = run_dir
-        self.population = population if population is not None else list(
-            range(len(prepared.fed.clients)))
+        self.population = (
+            population if population is not None else list(range(len(prepared.fed.clients)))
+        )
         self.summary_extra = summary_extra
         self.server: Records = self.algorithm.init_server()
         self.progress = Progress()
@@ -181,19 +183,27 @@ class RoundLoop:
 
     def record(self, server_round: int, info: dict, scores: dict) -> dict:
         """The round's line of metrics.jsonl (the same in memory and on disk)."""
-        return strict_json({
-            "round": server_round,
-            "train_loss": info["train_loss"],
-            "personalization": scores["personalization"],
-            "generalization": scores["generalization"],
-            "global": scores["global"],
-            "val": scores["val"],
-            "server": info["server"],
-            "time": {"train_s": info["train_s"], "aggregate_s": info["aggregate_s"],
-                     "eval_s": scores["eval_s"]},
-            "comm": {"up_bytes": self.progress.up_bytes, "down_bytes": self.progress.down_bytes},
-            "clients": scores["clients"],
-        })
+        return strict_json(
+            {
+                "round": server_round,
+                "train_loss": info["train_loss"],
+                "personalization": scores["personalization"],
+                "generalization": scores["generalization"],
+                "global": scores["global"],
+                "val": scores["val"],
+                "server": info["server"],
+                "time": {
+                    "train_s": info["train_s"],
+                    "aggregate_s": info["aggregate_s"],
+                    "eval_s": scores["eval_s"],
+                },
+                "comm": {
+                    "up_bytes": self.progress.up_bytes,
+                    "down_bytes": self.progress.down_bytes,
+                },
+                "clients": scores["clients"],
+            }
+        )
 
     # the loop ---------------------------------------------------------------------------
     def run(self, on_round: OnRound | None = None) -> dict:
@@ -216,8 +226,10 @@ class RoundLoop:
                 self.history.append(record)
                 if self.run_dir is not None:
                     self.run_dir.append_metrics(record)
-            if self.run_dir is not None and self.checkpoints and (
-                r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds
+            if (
+                self.run_dir is not None
+                and self.checkpoints
+                and (r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds)
             ):
                 self.run_dir.save_checkpoint(self.checkpoint())
             if on_round is not None:
@@ -249,8 +261,12 @@ class RoundLoop:
             "seed": cfg.seed,
             "rounds": rounds,
             "final": {"round": final["round"], **scores(final), "server": server_metrics},
-            "selected": {"round": chosen["round"], "rule": cfg.eval.selection, **scores(chosen),
-                         "server": chosen.get("server") or {}},
+            "selected": {
+                "round": chosen["round"],
+                "rule": cfg.eval.selection,
+                **scores(chosen),
+                "server": chosen.get("server") or {},
+            },
             "comm": {
                 "up_bytes": p.up_bytes,
                 "down_bytes": p.down_bytes,

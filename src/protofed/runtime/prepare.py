@@ -70,14 +70,19 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     dynamic = DynamicClasses.build(cfg.data.dynamic, fed, cfg.seed)
     if dynamic is not None:
         if algorithm.pools_data:
-            raise ConfigError(f"data.dynamic is not supported by '{cfg.algorithm.name}' (pooled data)")
+            raise ConfigError(
+                f"data.dynamic is not supported by '{cfg.algorithm.name}' (pooled data)"
+            )
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled)
 
 
 def build_model_and_algorithm(
-    cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, num_clients: int,
+    cfg: ExperimentConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    num_clients: int,
     device: torch.device,
 ) -> tuple[FedModel, Algorithm]:
     """The seeded initial model and the algorithm built on it.

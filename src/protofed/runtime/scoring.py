@@ -42,7 +42,8 @@ class ServerSideEvaluation:
             cfg = self.prepared.cfg.eval
             view = dyn.federated(self.prepared.fed, server_round)
             self._staged = (
-                stage, Evaluator(view, self.prepared.model, cfg.batch_size, cfg.generalization)
+                stage,
+                Evaluator(view, self.prepared.model, cfg.batch_size, cfg.generalization),
             )
         return self._staged[1]
 

@@ -32,8 +32,12 @@ _FUSED_UPDATE_FROM = 2**20
 
 def _conv_ok(m: nn.Conv1d) -> bool:
     return (
-        m.stride == (1,) and m.dilation == (1,) and m.groups == 1 and m.bias is not None
-        and m.padding_mode == "zeros" and isinstance(m.padding, tuple)
+        m.stride == (1,)
+        and m.dilation == (1,)
+        and m.groups == 1
+        and m.bias is not None
+        and m.padding_mode == "zeros"
+        and isinstance(m.padding, tuple)
     )
 
 
@@ -111,8 +115,9 @@ def _pool_backward(g: torch.Tensor, first: torch.Tensor, length: int) -> torch.T
 
 
 @torch.no_grad()
-def sgd_step(layers: list[nn.Module], kernels: Kernels, x: torch.Tensor, y: torch.Tensor,
-             lr: float) -> torch.Tensor:
+def sgd_step(
+    layers: list[nn.Module], kernels: Kernels, x: torch.Tensor, y: torch.Tensor, lr: float
+) -> torch.Tensor:
     """One SGD step on the mean cross-entropy; returns the (pre-update) loss."""
     saved: list[object] = []
     h = x
@@ -154,8 +159,17 @@ def sgd_step(layers: list[nn.Module], kernels: Kernels, x: torch.Tensor, y: torc
             g = gx
         elif isinstance(layer, nn.Conv1d):
             gx, gw, gb = torch.ops.aten.convolution_backward(
-                g.contiguous(), s, layer.weight, [layer.out_channels], [1], list(layer.padding),
-                [1], False, [0], 1, [need_input_grad, True, True],
+                g.contiguous(),
+                s,
+                layer.weight,
+                [layer.out_channels],
+                [1],
+                list(layer.padding),
+                [1],
+                False,
+                [0],
+                1,
+                [need_input_grad, True, True],
             )
             layer.weight.sub_(gw, alpha=lr)
             layer.bias.sub_(gb, alpha=lr)

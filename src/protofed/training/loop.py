@@ -99,7 +99,8 @@ def train_epochs(
 def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
     """Normalisation layers none of whose parameters are being trained."""
     return [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if isinstance(m, nn.modules.batchnorm._NormBase)
         and not any(id(p) in trainable for p in m.parameters(recurse=False))
     ]
@@ -108,9 +109,15 @@ def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
 def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.Module] | None:
     """The model's layers if plain SGD can run without autograd (see training/fused.py)."""
     if not (
-        train.fused and train.optimizer == "sgd" and train.momentum == 0
-        and train.weight_decay == 0 and loss_fn is cross_entropy and parameters is None
-        and after_step is None and x.device.type == "cpu" and x.dtype == torch.float32
+        train.fused
+        and train.optimizer == "sgd"
+        and train.momentum == 0
+        and train.weight_decay == 0
+        and loss_fn is cross_entropy
+        and parameters is None
+        and after_step is None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
     ):
         return None
     if not all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters()):

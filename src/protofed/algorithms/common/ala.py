@@ -79,18 +79,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Metrics,
-    Records,
-    Setting,
-)
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.split import is_head
+from protofed.core.types import MODEL, Arrays, Client, FitResult, Metrics, Records
 from protofed.errors import ConfigError
 from protofed.training.loop import batches
 
@@ -286,12 +277,7 @@ def train_weights(
 
 
 def adapt(
-    client: Client,
-    global_: Arrays,
-    local: Arrays,
-    weights: Arrays,
-    settings: AlaSettings,
-    assemble,
+    client: Client, global_: Arrays, local: Arrays, weights: Arrays, settings: AlaSettings, assemble
 ) -> tuple[Arrays, Arrays, Metrics]:
     """One client's ALA: (theta_hat over the keys of `local`, W to keep, metrics).
 

@@ -9,28 +9,48 @@ Both methods decouple the classifier from the representation in the same way eac
    classes without a global prototype (none in the first round) add nothing.
 
 They differ in what the server does with the results (FedPAC combines heads across clients,
-ProtoHAR keeps heads local and averages prototypes per client), so only this update lives here.
+ProtoHAR keeps heads local and averages prototypes per client), so this update, the
+hyperparameters it takes and the server's first state (the body, no prototype yet) live here.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
+from pydantic import Field
 
+from protofed.algorithms.base import Hyperparams, Setting
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
-from protofed.algorithms.common.split import body_parameters, head_parameters
-from protofed.core.types import Arrays, Client, Metrics
-from protofed.prototypes import unpack_prototypes
+from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
+from protofed.core.types import MODEL, Arrays, Client, Metrics, Records
+from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
 
 
-class DecoupledParams(Protocol):
-    """The hyperparameters both methods share (each declares them in its own `Params`)."""
+class DecoupledParams(Hyperparams):
+    """The hyperparameters both methods share (the defaults are both authors' runs)."""
 
-    lam: float
-    head_epochs: int
-    body_epochs: int | None
-    head_lr: float | None
+    lam: float = Field(1.0, ge=0, description="Weight of the prototype alignment term (1).")
+    head_epochs: int = Field(
+        1, ge=0, description="Epochs training the head, body frozen, each round (1)."
+    )
+    body_epochs: int | None = Field(
+        None, ge=0, description="Epochs training the body, head frozen; None: train.local_epochs."
+    )
+    head_lr: float | None = Field(
+        None,
+        gt=0,
+        description="Learning rate of the head phase; None: train.lr (FedPAC's authors: 0.1; "
+        "ProtoHAR's: 10x the body's).",
+    )
+
+
+def body_without_prototypes(setting: Setting) -> Records:
+    """The server's first state: the initial body, and no global prototype yet."""
+    body, head = split_arrays(setting.init_model)
+    weight = head["head.weight"]  # (classes, embedding dim)
+    none = pack_prototypes(
+        torch.zeros_like(weight), weight.new_zeros(len(weight)), with_counts=False
+    )
+    return {MODEL: body, PROTOS: none}
 
 
 def head_then_aligned_body(
@@ -53,7 +73,9 @@ def head_then_aligned_body(
     if body_epochs > 0:
         device = _device(model)
         loss_fn = prototype_regularized_loss(prototypes.to(device), present.to(device), lam)
-        m = client.train_model(epochs=body_epochs, parameters=body_parameters(model), loss_fn=loss_fn)
+        m = client.train_model(
+            epochs=body_epochs, parameters=body_parameters(model), loss_fn=loss_fn
+        )
         metrics["body_loss"] = metrics["loss"] = m["loss"]
         metrics["steps"] += m["steps"]
     return metrics

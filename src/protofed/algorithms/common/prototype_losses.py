@@ -14,6 +14,7 @@ form of FedDPA's ||P_i^k - P_i^g||^2.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -23,6 +24,8 @@ from torch import nn
 from protofed.prototypes import class_means
 from protofed.training.loop import LossFn
 
+Target = Literal["sample", "class_mean"]
+
 
 def prototype_distance(
     features: torch.Tensor,
@@ -30,34 +33,28 @@ def prototype_distance(
     prototypes: torch.Tensor,
     present: torch.Tensor,
     reduction: Literal["mean", "sum"] = "mean",
+    target: Target = "sample",
 ) -> torch.Tensor:
-    """Mean squared error between each embedding and its class prototype (present classes).
+    """Mean squared error between embeddings and the prototypes of their classes.
 
-    `reduction="sum"`: the sum of squared Euclidean distances instead (see `_reduce`).
+    `target="sample"`: each embedding against its class prototype (classes with a prototype);
+    `"class_mean"`: the batch's class means against the prototypes of those classes (classes
+    both in the batch and with a prototype; gradients flow through the means).
+    `reduction="sum"`: summed squared Euclidean distances instead (see `_reduce`; with
+    class means, sum_i ||mean_i - P_i||^2: FedDPA's eq. 3 literally).
     """
-    keep = present.bool()[labels]
+    if target == "class_mean":
+        rows, counts = class_means(features, labels, len(prototypes))
+        keep, targets = (counts > 0) & present.bool(), prototypes
+    else:
+        rows, keep, targets = features, present.bool()[labels], prototypes[labels]
     if not bool(keep.any()):
         return features.new_zeros(())
-    return _reduce(features[keep], prototypes[labels[keep]].detach(), reduction)
+    return _reduce(rows[keep], targets[keep].detach(), reduction)
 
 
-def class_mean_distance(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    prototypes: torch.Tensor,
-    present: torch.Tensor,
-    reduction: Literal["mean", "sum"] = "mean",
-) -> torch.Tensor:
-    """Mean squared error between the batch's class means and the prototypes of those classes.
-
-    Only classes both in the batch and with a prototype count; gradients flow through the means.
-    `reduction="sum"`: sum_i ||mean_i - P_i||^2 over those classes (FedDPA's eq. 3 literally).
-    """
-    means, counts = class_means(features, labels, len(prototypes))
-    keep = (counts > 0) & present.bool()
-    if not bool(keep.any()):
-        return features.new_zeros(())
-    return _reduce(means[keep], prototypes[keep].detach(), reduction)
+class_mean_distance = functools.partial(prototype_distance, target="class_mean")
+"""`prototype_distance` of the batch's class means (PFPL's eq. 5 and 7, FedDPA)."""
 
 
 def _reduce(a: torch.Tensor, b: torch.Tensor, reduction: Literal["mean", "sum"]) -> torch.Tensor:
@@ -70,7 +67,7 @@ def prototype_regularized_loss(
     prototypes: torch.Tensor,
     present: torch.Tensor,
     lam: float,
-    target: Literal["sample", "class_mean"] = "sample",
+    target: Target = "sample",
     reduction: Literal["mean", "sum"] = "mean",
 ) -> LossFn:
     """A `LossFn`: cross-entropy plus lam times the distance to the prototypes (one forward).
@@ -79,7 +76,6 @@ def prototype_regularized_loss(
     `"class_mean"`: the batch's class means to the prototypes (`class_mean_distance`).
     `reduction`: "mean" (MSE) or "sum" (summed squared Euclidean distances).
     """
-    distance = prototype_distance if target == "sample" else class_mean_distance
 
     def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         features = model.features(x)
@@ -87,6 +83,6 @@ def prototype_regularized_loss(
         if lam == 0 or not bool(present.any()):
             return ce
         features = features.reshape(len(x), -1)
-        return ce + lam * distance(features, y, prototypes, present, reduction)
+        return ce + lam * prototype_distance(features, y, prototypes, present, reduction, target)
 
     return loss
