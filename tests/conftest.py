@@ -35,7 +35,7 @@ def digits_clients():
     def make(size: int) -> list[ClientData]:
         out = []
         for i in range(2):
-            xs, ys = x[i * size:(i + 1) * size], t[i * size:(i + 1) * size]
+            xs, ys = x[i * size : (i + 1) * size], t[i * size : (i + 1) * size]
             a, b = int(0.7 * len(xs)), int(0.8 * len(xs))
             out.append(ClientData(f"c{i}", None, xs[:a], ys[:a], xs[a:b], ys[a:b], xs[b:], ys[b:]))
         return out

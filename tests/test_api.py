@@ -43,7 +43,8 @@ def test_history_has_one_row_per_round_and_client(ditto_run) -> None:
     assert set(h["client_name"]) == set(ditto_run.client_names)
     last = h[h["round"] == 3]
     assert last["pers_acc"].mean() == pytest.approx(
-        ditto_run.summary.final["personalization"]["acc"])
+        ditto_run.summary.final["personalization"]["acc"]
+    )
 
 
 def test_loaded_models_reproduce_the_reported_scores(ditto_run) -> None:
@@ -73,8 +74,9 @@ def test_config_sources_and_overrides_agree(tmp_path) -> None:
     yaml_path = tmp_path / "c.yaml"
     yaml_path.write_text("data:\n  name: digits\ntrain:\n  rounds: 7\n")
     a = protofed.resolve_config(yaml_path, train={"lr": 0.2}, seed=4)
-    b = protofed.resolve_config({"data": {"name": "digits"}, "train": {"rounds": 7}},
-                                **{"train.lr": 0.2, "seed": 4})
+    b = protofed.resolve_config(
+        {"data": {"name": "digits"}, "train": {"rounds": 7}}, **{"train.lr": 0.2, "seed": 4}
+    )
     c = protofed.resolve_config(a)
     assert a == b == c and a.train.rounds == 7 and a.train.lr == 0.2 and a.seed == 4
     with pytest.raises(ConfigError, match="train.bogus"):

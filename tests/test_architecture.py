@@ -26,18 +26,22 @@ def _private_uses(path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("protofed"):
             for alias in node.names:
                 target = f"{node.module}.{alias.name}"
-                if alias.name.startswith("_") and not alias.name.startswith("__"):
-                    if node.module != here:
-                        found.append(f"{here}: from {node.module} import {alias.name}")
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and node.module != here:
+                    found.append(f"{here}: from {node.module} import {alias.name}")
                 aliases[alias.asname or alias.name] = target
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("protofed"):
                     aliases[alias.asname or alias.name.split(".")[0]] = alias.name
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             found.append(f"{here}: {node.value.id}.{node.attr}")
     return found
 
@@ -52,5 +56,7 @@ def test_the_checker_sees_a_private_import(tmp_path, monkeypatch) -> None:
     probe.parent.mkdir()
     probe.write_text("from protofed.report import _hidden\nimport protofed.report as r\nr._x\n")
     monkeypatch.setitem(globals(), "SRC", tmp_path / "protofed")
-    assert _private_uses(probe) == ["protofed.zz_probe: from protofed.report import _hidden",
-                                    "protofed.zz_probe: r._x"]
+    assert _private_uses(probe) == [
+        "protofed.zz_probe: from protofed.report import _hidden",
+        "protofed.zz_probe: r._x",
+    ]

@@ -13,8 +13,17 @@ from typer.testing import CliRunner
 from protofed.cli import app
 
 runner = CliRunner()
-SMALL = ["-s", "data.num_clients=4", "-s", "model.name=mlp", "-s", "model.hidden=[16]",
-         "-s", "train.rounds=2", "-q"]
+SMALL = [
+    "-s",
+    "data.num_clients=4",
+    "-s",
+    "model.name=mlp",
+    "-s",
+    "model.hidden=[16]",
+    "-s",
+    "train.rounds=2",
+    "-q",
+]
 
 
 def _error_line(result) -> str:
@@ -88,9 +97,18 @@ def test_list_names_every_part():
 
 def test_entry_point_exit_code(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "protofed.cli", "run", "-s", "algorithm.name=nope", "--out",
-         str(tmp_path / "r")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "protofed.cli",
+            "run",
+            "-s",
+            "algorithm.name=nope",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
@@ -109,18 +127,41 @@ def test_bring_your_own_table_end_to_end(tmp_path):
             centre = {"walk": 0.0, "sit": 2.0, "run": -2.0}[label]
             for _ in range(20):
                 f = rng.normal(centre, 0.5, size=4) + shift
-                rows.append({"who": f"p{person}", "activity": label,
-                             **{f"f{i}": f[i] for i in range(4)}})
+                rows.append(
+                    {"who": f"p{person}", "activity": label, **{f"f{i}": f[i] for i in range(4)}}
+                )
     path = tmp_path / "mine.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     out = tmp_path / "run"
-    result = runner.invoke(app, [
-        "run", "--out", str(out), "-q",
-        "-s", "data.name=arrays", "-s", f"data.path={path}", "-s", "data.label_column=activity",
-        "-s", "data.group_column=who", "-s", "data.partition=natural",
-        "-s", "model.name=mlp", "-s", "model.hidden=[16]", "-s", "train.rounds=5",
-        "-s", "train.lr=0.1", "-s", "train.local_epochs=5",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--out",
+            str(out),
+            "-q",
+            "-s",
+            "data.name=arrays",
+            "-s",
+            f"data.path={path}",
+            "-s",
+            "data.label_column=activity",
+            "-s",
+            "data.group_column=who",
+            "-s",
+            "data.partition=natural",
+            "-s",
+            "model.name=mlp",
+            "-s",
+            "model.hidden=[16]",
+            "-s",
+            "train.rounds=5",
+            "-s",
+            "train.lr=0.1",
+            "-s",
+            "train.local_epochs=5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_clients"] == 5

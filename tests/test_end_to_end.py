@@ -10,12 +10,23 @@ from protofed.runtime import prepare, simulate
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "ditto"])
 def test_uci_har_natural_clients_learn(shared_data, algorithm):
-    cfg = load_config(None, [
-        f"data.dir={shared_data}", "data.name=uci_har", "data.partition=natural",
-        "model.name=cnn1d", f"algorithm.name={algorithm}", "train.rounds=3",
-        "train.batch_size=32", "train.lr=0.05", "train.momentum=0.9",
-        "train.clients_per_round=10", "eval.every=3", "train.workers=2",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"data.dir={shared_data}",
+            "data.name=uci_har",
+            "data.partition=natural",
+            "model.name=cnn1d",
+            f"algorithm.name={algorithm}",
+            "train.rounds=3",
+            "train.batch_size=32",
+            "train.lr=0.05",
+            "train.momentum=0.9",
+            "train.clients_per_round=10",
+            "eval.every=3",
+            "train.workers=2",
+        ],
+    )
     sim = simulate(prepare(cfg))
     losses = []
     summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))

@@ -43,7 +43,9 @@ def test_selection_rules():
     assert select_round(no_val, "val")["round"] == 2
 
 
-def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_scores(digits_clients):
+def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_scores(
+    digits_clients,
+):
     """FedAvg's clients all hold the global model: its test predictions serve both the
     personalization and the global scores, which must equal those of a separate copy."""
     import torch
@@ -54,8 +56,15 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
     from protofed.models import build_model
 
     clients = digits_clients(150)
-    fed = FederatedData("digits", 10, [str(i) for i in range(10)], (64,), "tabular", clients,
-                        np.zeros((2, 10), dtype=np.int64))
+    fed = FederatedData(
+        "digits",
+        10,
+        [str(i) for i in range(10)],
+        (64,),
+        "tabular",
+        clients,
+        np.zeros((2, 10), dtype=np.int64),
+    )
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
     shared = {k: v.clone() for k, v in model.state_dict().items()}

@@ -30,8 +30,8 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, MetricRecord  # noqa: E402
 
-from protofed.core.types import Reply  # noqa: E402
 from protofed.config import load_config  # noqa: E402
+from protofed.core.types import Reply  # noqa: E402
 from protofed.errors import ConfigError  # noqa: E402
 from protofed.flower import wire  # noqa: E402
 from protofed.flower.engine import FLOWER_ENV, RoundFailed, run_simulations  # noqa: E402
@@ -52,8 +52,14 @@ BIN = Path(sys.executable).parent
 # algorithm lands; its experiment joins the one simulation session below.
 EQUIVALENT = ["fedavg", "fedali", "pfpl", "fedproto", "ditto", "fedsub"]
 SMALL = {  # per-algorithm settings that keep the runs short
-    "fedali": ["model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[8,8,4,4,4,4]",
-               "train.optimizer=adam", "train.lr=0.002", "algorithm.kmeans_iters=5"],
+    "fedali": [
+        "model.name=hart",
+        "model.alp.enabled=true",
+        "model.alp.prototypes=[8,8,4,4,4,4]",
+        "train.optimizer=adam",
+        "train.lr=0.002",
+        "algorithm.kmeans_iters=5",
+    ],
 }
 
 
@@ -69,11 +75,21 @@ def _har_slice(shared_data: Path, path: Path, subjects: list[int], every: int) -
 
 def _config(path: Path, name: str, *extra: str):
     model = SMALL.get(name, ["model.name=mlp", "model.hidden=[64]"])
-    return load_config(None, [
-        "data.name=arrays", f"data.path={path}", "data.partition=natural", "seed=1",
-        "train.rounds=2", "train.threads=1", "eval.batch_size=256", *model,
-        f"algorithm.name={name}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "data.name=arrays",
+            f"data.path={path}",
+            "data.partition=natural",
+            "seed=1",
+            "train.rounds=2",
+            "train.threads=1",
+            "eval.batch_size=256",
+            *model,
+            f"algorithm.name={name}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +105,10 @@ def har(shared_data, tmp_path_factory) -> dict[str, Path]:
 # the wire ------------------------------------------------------------------------------------
 def test_arrays_cross_the_wire_unchanged_and_never_pickled() -> None:
     arrays = {
-        "w": torch.randn(3, 4), "b": torch.randn(4, dtype=torch.float64),
-        "n": torch.tensor(7, dtype=torch.int64), "mask": torch.tensor([True, False]),
+        "w": torch.randn(3, 4),
+        "b": torch.randn(4, dtype=torch.float64),
+        "n": torch.tensor(7, dtype=torch.int64),
+        "mask": torch.tensor([True, False]),
         "empty": torch.zeros(0, 5),
     }
     back = wire.from_record(wire.to_record(arrays))
@@ -98,7 +116,9 @@ def test_arrays_cross_the_wire_unchanged_and_never_pickled() -> None:
     for k, v in arrays.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
     assert wire.from_metrics(wire.to_metrics({"loss": 0.5, "num_examples": 12})) == {
-        "loss": 0.5, "num_examples": 12.0}
+        "loss": 0.5,
+        "num_examples": 12.0,
+    }
     # an array whose header declares an object dtype only decodes with pickle: it is refused
     # (the header is written by hand, so no pickle is ever produced, and the payload is junk)
     buffer = BytesIO()
@@ -107,7 +127,9 @@ def test_arrays_cross_the_wire_unchanged_and_never_pickled() -> None:
     )
     buffer.write(b"not a pickle")
     record = ArrayRecord()
-    record["evil"] = Array(dtype="object", shape=(1,), stype="numpy.ndarray", data=buffer.getvalue())
+    record["evil"] = Array(
+        dtype="object", shape=(1,), stype="numpy.ndarray", data=buffer.getvalue()
+    )
     with pytest.raises(ValueError, match="evil"):
         wire.from_record(record)
     with pytest.raises(ValueError, match="loss"):
@@ -148,8 +170,11 @@ def test_malformed_replies_are_rejected_with_a_reason(har, caplog) -> None:
 
 def test_prototype_replies_may_differ_in_rows_but_not_in_width(har) -> None:
     """FedProto sends one row per class present: clients differ in rows, never in width."""
-    prepared = prepare(_config(har["4"], "fedproto", "data.partition=dirichlet",
-                               "data.num_clients=4", "data.alpha=0.2"))
+    prepared = prepare(
+        _config(
+            har["4"], "fedproto", "data.partition=dirichlet", "data.num_clients=4", "data.alpha=0.2"
+        )
+    )
     server = prepared.algorithm.init_server()
     replies = []
     for cid in range(4):
@@ -162,8 +187,9 @@ def test_prototype_replies_may_differ_in_rows_but_not_in_width(har) -> None:
     assert len(kept) == 4 and not rejected
     protos = replies[0].records["protos"]
     narrow = {**replies[0].records, "protos": {**protos, "means": protos["means"][:, :-1]}}
-    kept, rejected = validator.check_round([Reply(0, narrow, replies[0].metrics, 10.0),
-                                            *replies[1:]], {cid: {} for cid in range(4)})
+    kept, rejected = validator.check_round(
+        [Reply(0, narrow, replies[0].metrics, 10.0), *replies[1:]], {cid: {} for cid in range(4)}
+    )
     assert [r.client for r in rejected] == [0] and "protos/means" in rejected[0].reason
 
 
@@ -186,8 +212,20 @@ def test_cli_engine_option_errors_are_one_line(tmp_path) -> None:
     bad = runner.invoke(app, ["run", "--engine", "ray"])
     assert bad.exit_code == 2 and "unknown --engine" in bad.output
     out = tmp_path / "x"
-    few = runner.invoke(app, ["run", "--engine", "flower", "-s", "data.name=digits",
-                              "-s", "flower.min_replies=99", "--out", str(out)])
+    few = runner.invoke(
+        app,
+        [
+            "run",
+            "--engine",
+            "flower",
+            "-s",
+            "data.name=digits",
+            "-s",
+            "flower.min_replies=99",
+            "--out",
+            str(out),
+        ],
+    )
     assert few.exit_code == 2 and "flower.min_replies=99" in few.output and not out.exists()
     resume = runner.invoke(app, ["run", "--engine", "flower", "--resume", str(tmp_path)])
     assert resume.exit_code == 2 and "no --resume" in resume.output
@@ -216,8 +254,9 @@ def session(har, tmp_path_factory) -> dict:
     builtin = {name: simulate(prepare(_config(har["4"], name))).run() for name in EQUIVALENT}
     configs = {name: _config(har["4"], name) for name in EQUIVALENT}
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
-    configs["too_few"] = _config(har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5",
-                                 "eval.every=4")
+    configs["too_few"] = _config(
+        har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5", "eval.every=4"
+    )
     golden_har = test_golden.har_slice(out / "golden_har4.npz")
     for name in test_golden.RUNS:  # the golden runs (test_golden.py), on Flower too
         configs[f"golden:{name}"] = test_golden.config_of(name, golden_har)
@@ -231,8 +270,13 @@ def session(har, tmp_path_factory) -> dict:
     finally:
         del os.environ["PROTOFED_FLOWER_FAULT"]
         logging.getLogger("protofed.flower").removeHandler(handler)
-    return {"builtin": builtin, "flower": dict(zip(sims, results, strict=True)), "out": out,
-            "log": handler.messages, "seconds": time.perf_counter() - t0}
+    return {
+        "builtin": builtin,
+        "flower": dict(zip(sims, results, strict=True)),
+        "out": out,
+        "log": handler.messages,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 @pytest.mark.parametrize("name", EQUIVALENT)
@@ -250,8 +294,12 @@ def test_flower_simulation_equals_the_builtin_engine(session, name) -> None:
                 assert ours[when][part][key] == pytest.approx(value, abs=1e-4), (when, part, key)
     assert ours["comm"] == ref["comm"]  # the same bytes each way
     run = session["out"] / name
-    assert {p.name for p in run.iterdir()} >= {"config.yaml", "partition.json", "metrics.jsonl",
-                                               "summary.json"}
+    assert {p.name for p in run.iterdir()} >= {
+        "config.yaml",
+        "partition.json",
+        "metrics.jsonl",
+        "summary.json",
+    }
     assert json.loads((run / "summary.json").read_text())["final"] == ours["final"]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -286,8 +334,11 @@ def test_a_round_with_too_few_replies_stops_the_run(session) -> None:
 
 def test_the_session_leaves_no_process_behind(session) -> None:
     """Ray's raylet, GCS and actors were this process's descendants: all gone."""
-    left = [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
     assert not left, [(p.pid, p.name()) for p in left]
 
 
@@ -336,9 +387,11 @@ def _stop(procs: list[subprocess.Popen]) -> list[psutil.Process]:
 
 
 def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
-    overrides = (f"data.name=arrays data.path={har['3']} data.partition=natural seed=1 "
-                 "model.name=mlp model.hidden=[64] train.rounds=2 train.threads=1 "
-                 "eval.every=2 flower.min_replies=2")
+    overrides = (
+        f"data.name=arrays data.path={har['3']} data.partition=natural seed=1 "
+        "model.name=mlp model.hidden=[64] train.rounds=2 train.threads=1 "
+        "eval.every=2 flower.min_replies=2"
+    )
     cfg = load_config(None, overrides.split())
     parts = export_partitions(cfg, tmp_path / "parts")
     assert [load_partition(p).client for p in parts] == [0, 1, 2]
@@ -349,8 +402,12 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
         f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{link}"\n'
         "insecure = true\n"
     )
-    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home),
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        **FLOWER_ENV,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     out = tmp_path / "run"
     procs: list[subprocess.Popen] = []
     logs = []
@@ -358,8 +415,13 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
     def launch(args: list[str], name: str, **extra: str) -> subprocess.Popen:
         log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
         logs.append(log)
-        proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=tmp_path, stdout=log,
-                                stderr=subprocess.STDOUT, env={**env, **extra})
+        proc = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, **extra},
+        )
         procs.append(proc)
         return proc
 
@@ -368,13 +430,35 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
         _wait_for_port(link, superlink, 60)
         for i, (port, part) in enumerate(zip(node_ports, parts, strict=True)):
             fault = {"PROTOFED_FLOWER_FAULT": "2:2"} if i == 2 else {}  # client 2 fails in round 2
-            launch(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
-                    "--port", str(port), "--node-config", f'partition="{part}"'],
-                   f"supernode{i}", **fault)
+            launch(
+                [
+                    "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link}",
+                    "--port",
+                    str(port),
+                    "--node-config",
+                    f'partition="{part}"',
+                ],
+                f"supernode{i}",
+                **fault,
+            )
         run_config = f'overrides="{overrides}" out="{out}" nodes=3 wait-s=90.0'
         submitted = subprocess.run(
-            [str(BIN / "flwr"), "run", str(REPO / "flower_app"), "loop", "--run-config", run_config],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            [
+                str(BIN / "flwr"),
+                "run",
+                str(REPO / "flower_app"),
+                "loop",
+                "--run-config",
+                run_config,
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         deadline = time.monotonic() + 600

@@ -15,8 +15,12 @@ from protofed.training.loop import train_epochs
 
 @pytest.mark.parametrize(
     ("name", "shape", "hidden"),
-    [("harcnn", (9, 128), None), ("cnn1d", (6, 128), None), ("mlp", (1, 8, 8), [32, 16]),
-     ("cnn1d", (3, 37), None)],
+    [
+        ("harcnn", (9, 128), None),
+        ("cnn1d", (6, 128), None),
+        ("mlp", (1, 8, 8), [32, 16]),
+        ("cnn1d", (3, 37), None),
+    ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_sgd_equals_autograd(name, shape, hidden, threads):
@@ -44,8 +48,11 @@ def test_not_used_where_it_would_change_the_maths():
     assert sequential_layers(model) is None  # BatchNorm, residuals
     mlp = build_model(ModelConfig(name="mlp"), (4,), 3)
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
-    for train in (TrainConfig(momentum=0.9), TrainConfig(weight_decay=1e-4),
-                  TrainConfig(optimizer="adam", lr=1e-3)):
+    for train in (
+        TrainConfig(momentum=0.9),
+        TrainConfig(weight_decay=1e-4),
+        TrainConfig(optimizer="adam", lr=1e-3),
+    ):
         a, b = copy.deepcopy(mlp), copy.deepcopy(mlp)
         train_epochs(a, x, y, train, torch.Generator().manual_seed(0))
         off = train.model_copy(update={"fused": False})

@@ -20,13 +20,28 @@ import pytest
 GOLDEN = Path(__file__).parent / "golden"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
-DIGITS = ["data.name=digits", "data.num_clients=4", "data.alpha=0.5", "model.name=mlp",
-          "model.hidden=[32]"]
+DIGITS = [
+    "data.name=digits",
+    "data.num_clients=4",
+    "data.alpha=0.5",
+    "model.name=mlp",
+    "model.hidden=[32]",
+]
 HAR = ["data.name=arrays", "data.path={har}", "data.partition=natural"]
-HART_ALP = ["model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[8,8,4,4,4,4]",
-            "train.optimizer=adam", "train.lr=0.002"]
-COMMON = ["seed=3", "train.rounds=3", "train.threads=1", "eval.batch_size=256",
-          "train.batch_size=16"]
+HART_ALP = [
+    "model.name=hart",
+    "model.alp.enabled=true",
+    "model.alp.prototypes=[8,8,4,4,4,4]",
+    "train.optimizer=adam",
+    "train.lr=0.002",
+]
+COMMON = [
+    "seed=3",
+    "train.rounds=3",
+    "train.threads=1",
+    "eval.batch_size=256",
+    "train.batch_size=16",
+]
 
 # name -> config overrides; `{har}` is a slice of the real UCI-HAR windows (`har_slice`)
 RUNS: dict[str, list[str]] = {
@@ -36,10 +51,20 @@ RUNS: dict[str, list[str]] = {
     "fedala_digits": [*DIGITS, "algorithm.name=fedala"],
     "feddpa_digits": [*DIGITS, "algorithm.name=feddpa", "eval.selection=best_test"],
     "fedsub_digits": [*DIGITS, "algorithm.name=fedsub", "algorithm.max_clusters=3"],
-    "fedavg_har": [*HAR, "model.name=cnn1d", "algorithm.name=fedavg", "train.momentum=0.9",
-                   "train.local_epochs=3"],
-    "fedsub_har": [*HAR, "model.name=mlp", "model.hidden=[64]", "algorithm.name=fedsub",
-                   "algorithm.max_clusters=3"],
+    "fedavg_har": [
+        *HAR,
+        "model.name=cnn1d",
+        "algorithm.name=fedavg",
+        "train.momentum=0.9",
+        "train.local_epochs=3",
+    ],
+    "fedsub_har": [
+        *HAR,
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "algorithm.name=fedsub",
+        "algorithm.max_clusters=3",
+    ],
     "fedali_har": [*HAR, *HART_ALP, "algorithm.name=fedali", "algorithm.kmeans_iters=5"],
 }
 
@@ -78,7 +103,10 @@ def assert_same(got: dict, want: dict, where: str = "", tol: float = 1e-6) -> No
     elif isinstance(want, float):
         assert isinstance(got, (int, float)), (where, got)
         assert math.isclose(got, want, abs_tol=tol) or (math.isnan(got) and math.isnan(want)), (
-            where, got, want)
+            where,
+            got,
+            want,
+        )
     else:
         assert got == want, (where, got, want)
 

@@ -18,7 +18,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("batch", "fan_in", "fan_out"), [(10, 1664, 1024), (10, 512, 6), (3, 7, 5)])
+@pytest.mark.parametrize(
+    ("batch", "fan_in", "fan_out"), [(10, 1664, 1024), (10, 512, 6), (3, 7, 5)]
+)
 def test_fast_path_matches_f_linear(one_thread, batch, fan_in, fan_out):
     torch.manual_seed(0)
     layer = Linear(fan_in, fan_out)

@@ -96,7 +96,9 @@ def test_bounded_cosine_kernel_gives_the_same_plan() -> None:
     assert kernel is not None and kernel.max() <= 1.0
     u, v = gibbs_scalings(kernel, 3)
     cos = torch.nn.functional.normalize(x, dim=1) @ torch.nn.functional.normalize(p, dim=1).T
-    assert torch.allclose(u[:, None] * kernel * v[None, :], sinkhorn_log(cos, 0.05, 3).exp(), atol=1e-6)
+    assert torch.allclose(
+        u[:, None] * kernel * v[None, :], sinkhorn_log(cos, 0.05, 3).exp(), atol=1e-6
+    )
     assert cosine_kernel(x, p, 0.01) is None  # outside the proven range: caller goes log-domain
 
 
@@ -112,7 +114,9 @@ def test_direct_form_holds_at_a_vit_layers_size_on_the_extreme_kernel() -> None:
     u, v = gibbs_scalings(kernel, 3)
     assert torch.isfinite(u).all() and torch.isfinite(v).all() and (u > 0).all() and (v > 0).all()
     plan = u[:, None] * kernel * v[None, :]
-    assert torch.allclose(plan, sinkhorn_log(signs_x[:, None] * signs_p[None, :], 0.05, 3).exp(), atol=1e-9, rtol=1e-4)
+    assert torch.allclose(
+        plan, sinkhorn_log(signs_x[:, None] * signs_p[None, :], 0.05, 3).exp(), atol=1e-9, rtol=1e-4
+    )
 
 
 def test_batched_problems_are_independent() -> None:

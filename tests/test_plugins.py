@@ -60,7 +60,7 @@ def load(cfg):
     return Dataset(name="stripes", X=X, y=y, num_classes=4, class_names=["a", "b", "c", "d"])
 '''
 
-PYPROJECT = '''
+PYPROJECT = """
 [build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
@@ -80,7 +80,7 @@ tinylinear = "protofed_stripes"
 
 [project.entry-points."protofed.datasets"]
 stripes = "protofed_stripes"
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +92,36 @@ def installed(tmp_path_factory) -> Path:
     (source / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
     (source / "protofed_stripes.py").write_text(textwrap.dedent(PLUGIN))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(site), str(source)],
-        check=True, capture_output=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     return site
 
 
 def _protofed(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(site), "FLWR_TELEMETRY_ENABLED": "0", "COLUMNS": "200"}
-    return subprocess.run([str(BIN / "protofed"), *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [str(BIN / "protofed"), *args],
+        env=env,
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
@@ -111,10 +130,28 @@ def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
     for name in ("halfstep", "tinylinear", "stripes"):
         line = next(x for x in listed.stdout.splitlines() if x.strip().startswith(name))
         assert "plugin: protofed-stripes" in line
-    run = _protofed(installed, "run", "-s", "algorithm.name=halfstep", "-s", "model.name=tinylinear",
-                    "-s", "data.name=stripes", "-s", "data.num_clients=3", "-s", "train.rounds=2",
-                    "-s", "train.lr=0.5", "-s", "train.local_epochs=3",
-                    "--out", "r", "--quiet", cwd=tmp_path)
+    run = _protofed(
+        installed,
+        "run",
+        "-s",
+        "algorithm.name=halfstep",
+        "-s",
+        "model.name=tinylinear",
+        "-s",
+        "data.name=stripes",
+        "-s",
+        "data.num_clients=3",
+        "-s",
+        "train.rounds=2",
+        "-s",
+        "train.lr=0.5",
+        "-s",
+        "train.local_epochs=3",
+        "--out",
+        "r",
+        "--quiet",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["algorithm"] == "halfstep" and summary["dataset"] == "stripes"
@@ -123,8 +160,13 @@ def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
 
 
 def test_without_the_plugin_its_names_are_unknown(tmp_path) -> None:
-    run = subprocess.run([str(BIN / "protofed"), "run", "-s", "algorithm.name=halfstep",
-                          "--out", "r"], cwd=tmp_path, text=True, capture_output=True, timeout=120)
+    run = subprocess.run(
+        [str(BIN / "protofed"), "run", "-s", "algorithm.name=halfstep", "--out", "r"],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "unknown algorithm.name 'halfstep'" in run.stderr
     assert not (tmp_path / "r").exists()
 

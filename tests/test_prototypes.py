@@ -42,18 +42,22 @@ def test_kmeans_from_weighted_mean_on_identical_clients_returns_that_mean():
 
 
 def test_davies_bouldin_selection_finds_the_planted_cluster_count():
-    x, _ = make_blobs(n_samples=120, centers=4, cluster_std=0.3, center_box=(-20, 20), random_state=3)
+    x, _ = make_blobs(
+        n_samples=120, centers=4, cluster_std=0.3, center_box=(-20, 20), random_state=3
+    )
     k, labels = best_kmeans(torch.as_tensor(x), range(2, 8), seed=0)
     assert k == 4
     assert len(torch.unique(labels)) == 4
 
 
 def test_similarity_uses_only_shared_classes():
-    means = torch.tensor([
-        [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
-        [[1.0, 0.0], [0.0, -1.0], [5.0, 5.0]],
-        [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]],
-    ])
+    means = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
+            [[1.0, 0.0], [0.0, -1.0], [5.0, 5.0]],
+            [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]],
+        ]
+    )
     counts = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 2.0]])
     sim = shared_class_similarity(means, counts)
     assert torch.isclose(sim[0, 1], torch.tensor(0.0))  # classes 0 (cos 1) and 1 (cos -1)

@@ -79,7 +79,10 @@ def test_killed_run_resumes_to_the_same_summary(tmp_path):
         f.write('{"round": 4, "partial')
     resumed = resume(tmp_path / "killed").run()
     assert _numbers(resumed) == _numbers(whole)
-    rounds = [json.loads(x)["round"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(x)["round"]
+        for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert rounds == [2, 4, 5]
 
 
@@ -94,7 +97,9 @@ def test_sampling_is_a_fixed_stream_per_round():
 def test_bytes_counted_from_the_real_messages():
     sim = simulate(prepare(_cfg("train.rounds=1", "train.clients_per_round=3")))
     sim.run()
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values()
+    )
     assert sim.progress.down_bytes == 3 * model_bytes
     assert sim.progress.up_bytes == 3 * model_bytes
 
@@ -124,11 +129,27 @@ def test_threads_setting_is_applied():
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedrep"])
 def test_worker_processes_give_the_serial_numbers(algorithm):
-    serial = simulate(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
-                                     "train.rounds=2", "train.client_fraction=0.5"))).run()
-    parallel = simulate(prepare(_cfg(f"algorithm.name={algorithm}", "train.threads=1",
-                                       "train.rounds=2", "train.client_fraction=0.5",
-                                       "train.workers=2"))).run()
+    serial = simulate(
+        prepare(
+            _cfg(
+                f"algorithm.name={algorithm}",
+                "train.threads=1",
+                "train.rounds=2",
+                "train.client_fraction=0.5",
+            )
+        )
+    ).run()
+    parallel = simulate(
+        prepare(
+            _cfg(
+                f"algorithm.name={algorithm}",
+                "train.threads=1",
+                "train.rounds=2",
+                "train.client_fraction=0.5",
+                "train.workers=2",
+            )
+        )
+    ).run()
     assert _numbers(serial) == _numbers(parallel)
 
 
@@ -136,12 +157,22 @@ def test_a_thousand_clients_do_not_hold_a_thousand_models():
     """Replies are aggregated as a stream and FedAvg keeps no per-client state."""
     import psutil
 
-    cfg = load_config(None, [
-        "data.name=synthetic", "data.partition=iid", "data.num_clients=1000", "model.name=mlp",
-        "model.hidden=[200,200]", "train.rounds=1", "eval.generalization=false",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "data.name=synthetic",
+            "data.partition=iid",
+            "data.num_clients=1000",
+            "model.name=mlp",
+            "model.hidden=[200,200]",
+            "train.rounds=1",
+            "eval.generalization=false",
+        ],
+    )
     sim = simulate(prepare(cfg))
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values())
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in sim.prepared.model.state_dict().values()
+    )
     rss = psutil.Process().memory_info().rss
     sim.run()
     grown = psutil.Process().memory_info().rss - rss
@@ -156,9 +187,11 @@ def test_without_validation_data_files_stay_strict_json(tmp_path):
     summary = start(_cfg("data.split=[0.8,0.0,0.2]", "train.rounds=2"), tmp_path / "r").run()
     assert summary["selected"]["round"] == 2  # no validation data: the last round
     for name in ("summary.json", "metrics.jsonl"):
-        for line in (tmp_path / "r" / name).read_text().splitlines() if name.endswith("l") else [
-            (tmp_path / "r" / name).read_text()
-        ]:
+        for line in (
+            (tmp_path / "r" / name).read_text().splitlines()
+            if name.endswith("l")
+            else [(tmp_path / "r" / name).read_text()]
+        ):
             json.loads(line, parse_constant=no_constants)
 
 
