@@ -25,9 +25,9 @@ def torch_generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, *keys))
 
 
-def sample_clients(seed: int, round: int, num_clients: int, count: int) -> list[int]:
-    """The sorted client ids taking part in `round` (1-based)."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING, round]))
+def sample_clients(seed: int, server_round: int, num_clients: int, count: int) -> list[int]:
+    """The sorted client ids taking part in `server_round` (1-based)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING, server_round]))
     if count >= num_clients:
         return list(range(num_clients))
     return sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False))
