@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from protofed.algorithms import Reply, Setting, build_algorithm
-from protofed.algorithms.fedali import FedAli
+from protofed.algorithms.fedali import GLOBAL_BANKS, LOCAL_BANKS, SCALARS, FedAli
 from protofed.config import ModelConfig, TrainConfig, load_config
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.nn.alp import ALP, alp_layers
+from protofed.runtime import prepare, simulate
 from protofed.training.client import Client
-from protofed.runtime.simulation import Simulation, prepare
 
 D = 8
 
@@ -63,7 +63,8 @@ def test_prototypes_are_buffers_and_never_enter_the_autograd_graph() -> None:
     for training in (True, False):
         out = layer.train(training)(x)
         grads = torch.autograd.grad(
-            out.sum(), [x, layer.local_prototypes, layer.global_prototypes, layer.glu.proj.weight],
+            out.sum(),
+            [x, layer.local_prototypes, layer.global_prototypes, layer.glu.proj.weight],
             allow_unused=True,
         )
         assert grads[0] is not None and grads[3] is not None  # input and GLU are trained
@@ -158,7 +159,9 @@ def test_training_aligns_to_global_prototypes_and_inference_to_local_ones() -> N
 
 @pytest.mark.parametrize("g", [5, 40])  # fewer prototypes than the 20 tokens, and more
 @pytest.mark.parametrize("training", [True, False])
-def test_glu_of_the_matched_prototypes_per_token_or_per_prototype_agree(g: int, training: bool) -> None:
+def test_glu_of_the_matched_prototypes_per_token_or_per_prototype_agree(
+    g: int, training: bool
+) -> None:
     """The layer runs the GLU once per prototype when G < N and gathers; that must be the
     per-token GLU of the matched prototypes, in value and in the GLU's gradient."""
     layer = _layer(g=g).train(training)
@@ -241,7 +244,9 @@ def test_alp_config_errors() -> None:
     with pytest.raises(ConfigError, match="model.alp.enabled"):
         build_model(ModelConfig(name="mlp", alp={"enabled": True}), (6, 128), 6)
     with pytest.raises(ConfigError, match="one count per block"):
-        build_model(ModelConfig(name="hart", alp={"enabled": True, "prototypes": [4, 4]}), (6, 128), 6)
+        build_model(
+            ModelConfig(name="hart", alp={"enabled": True, "prototypes": [4, 4]}), (6, 128), 6
+        )
     with pytest.raises(ConfigError, match="vit_tiny"):
         build_model(ModelConfig(name="vit_tiny"), (3, 30, 30), 6)
 
@@ -249,7 +254,10 @@ def test_alp_config_errors() -> None:
 def test_paper_default_prototype_counts() -> None:
     assert ModelConfig().alp.prototypes == [2048, 1024, 512, 256, 128, 64]
     assert FedAli.describe_params() == {
-        "beta": 0.2, "first_round_beta": 0.0, "gamma": 0.999, "kmeans_iters": 300
+        "beta": 0.2,
+        "first_round_beta": 0.0,
+        "gamma": 0.999,
+        "kmeans_iters": 300,
     }
 
 
@@ -267,7 +275,16 @@ def _model():
 def _client(model, cid: int, rounds: int = 1) -> Client:
     g = torch.Generator().manual_seed(cid)
     x, y = torch.randn(24, 3, 32, generator=g), torch.arange(24) % 4
-    data = ClientData(name=str(cid), group=None, train_x=x, train_y=y, val_x=x[:4], val_y=y[:4], test_x=x[:4], test_y=y[:4])
+    data = ClientData(
+        name=str(cid),
+        group=None,
+        train_x=x,
+        train_y=y,
+        val_x=x[:4],
+        val_y=y[:4],
+        test_x=x[:4],
+        test_y=y[:4],
+    )
     train = TrainConfig(optimizer="adam", lr=1e-3, batch_size=8, local_epochs=1)
     return Client(cid, data, model, train, rounds, g)
 
@@ -282,32 +299,40 @@ def test_messages_replies_and_state_carry_the_right_prototypes() -> None:
     model = _model()
     algo = build_algorithm("fedali", {}, _setting(model))
     server = algo.init_server()
-    assert not any(k.endswith("local_prototypes") for k in server)
+    assert set(server) == {"model", GLOBAL_BANKS}
+    assert not any(k.endswith("local_prototypes") for r in server.values() for k in r)
     first, later = algo.configure(server, 0, 1), algo.configure(server, 0, 2)
-    betas = [k for k in first if k.endswith(".beta")]
+    betas = [k for k in first[SCALARS] if k.endswith(".beta")]
     assert len(betas) == 6
-    assert all(float(first[k]) == 0.0 and float(later[k]) == pytest.approx(0.2) for k in betas)
+    assert all(
+        float(first[SCALARS][k]) == 0.0 and float(later[SCALARS][k]) == pytest.approx(0.2)
+        for k in betas
+    )
     client = _client(model, 0)
-    reply, metrics, state = algo.fit(client, later, {})
-    assert metrics["num_examples"] == 24
-    assert set(state) == {k for k in reply if k.endswith("local_prototypes")} and len(state) == 6
-    assert not any(k.endswith(("global_prototypes", ".beta", ".gamma")) for k in reply)
+    result = algo.fit(client, later, {})
+    reply, metrics, state = result.reply, result.metrics, result.state[LOCAL_BANKS]
+    assert "num_examples" not in metrics  # the engine stamps it
+    assert set(result.reply) == {"model", LOCAL_BANKS}
+    assert set(state) == set(reply[LOCAL_BANKS]) and len(state) == 6
+    assert all(k.endswith("local_prototypes") for k in state)
+    sent = reply["model"]
+    assert not any(k.endswith(("prototypes", ".beta", ".gamma")) for k in sent)
     init = algo.setting.init_model
     moved = [not torch.equal(state[k], init[k]) for k in state]
     assert all(moved)  # EMA ran during local training
     params = dict(model.named_parameters())
-    assert all(k in reply for k in params)  # every trainable weight goes up, GLU included
-    assert any(".alp.glu." in k for k in reply)
+    assert all(k in sent for k in params)  # every trainable weight goes up, GLU included
+    assert any(".alp.glu." in k for k in sent)
     # personalized model = global weights + the client's local prototypes
-    personal = algo.client_model(later, state)
+    personal = algo.client_model(later, result.state)
     assert set(personal) == set(model.state_dict())
     assert all(torch.equal(personal[k], state[k]) for k in state)
     # global model = global weights + the global prototypes in both banks
     glob = algo.global_model(server)
     for k in state:
-        assert torch.equal(glob[k], server[k.replace("local_", "global_")])
+        assert torch.equal(glob[k], server[GLOBAL_BANKS][k.replace("local_", "global_")])
     # a second round starts from the kept local prototypes
-    reply2, _, state2 = algo.fit(_client(model, 0, 2), later, state)
+    state2 = algo.fit(_client(model, 0, 2), later, result.state).state[LOCAL_BANKS]
     assert not torch.equal(state2[next(iter(state))], state[next(iter(state))])
 
 
@@ -315,14 +340,14 @@ def test_kmeans_on_identical_clients_returns_their_mean() -> None:
     model = _model()
     algo = build_algorithm("fedali", {"kmeans_iters": 5}, _setting(model))
     server = algo.init_server()
-    reply, _, _ = algo.fit(_client(model, 0), algo.configure(server, 0, 2), {})
-    replies = [Reply(i, dict(reply), {"num_examples": float(n)}) for i, n in enumerate([10, 30, 5])]
-    new = algo.aggregate(server, iter(replies), 1)
+    reply = algo.fit(_client(model, 0), algo.configure(server, 0, 2), {}).reply
+    replies = [Reply(i, dict(reply), {}, float(n)) for i, n in enumerate([10, 30, 5])]
+    new = algo.aggregate(server, iter(replies), 1).server
     for local in algo.local_names:
         glob = local.replace("local_", "global_")
-        assert torch.allclose(new[glob], reply[local], atol=1e-5)
+        assert torch.allclose(new[GLOBAL_BANKS][glob], reply[LOCAL_BANKS][local], atol=1e-5)
     for k in algo.weight_names:
-        assert torch.allclose(new[k], reply[k], atol=1e-6)
+        assert torch.allclose(new["model"][k], reply["model"][k], atol=1e-6)
 
 
 def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_mean() -> None:
@@ -330,11 +355,14 @@ def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_
     algo = build_algorithm("fedali", {"kmeans_iters": 1}, _setting(model))
     server = algo.init_server()
     msg = algo.configure(server, 0, 2)
-    r0, _, _ = algo.fit(_client(model, 0), msg, {})
-    r1, _, _ = algo.fit(_client(model, 1), msg, {})
-    new = algo.aggregate(server, iter([Reply(0, r0, {"num_examples": 1.0}), Reply(1, r1, {"num_examples": 3.0})]), 2)
+    r0 = algo.fit(_client(model, 0), msg, {}).reply
+    r1 = algo.fit(_client(model, 1), msg, {}).reply
+    replies = iter([Reply(0, r0, {}, 1.0), Reply(1, r1, {}, 3.0)])
+    result = algo.aggregate(server, replies, 2)
+    new = {**result.server["model"], **result.server[GLOBAL_BANKS]}
     name = algo.weight_names[0]
-    assert torch.allclose(new[name], 0.25 * r0[name] + 0.75 * r1[name], atol=1e-6)
+    assert torch.allclose(new[name], 0.25 * r0["model"][name] + 0.75 * r1["model"][name], atol=1e-6)
+    r0, r1 = r0[LOCAL_BANKS], r1[LOCAL_BANKS]
     # K-means stays near its start (the weighted mean): one Lloyd step moves each centroid
     # to the mean of its members, all within the two clients' prototypes' hull
     local = algo.local_names[-1]
@@ -349,18 +377,34 @@ def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
     """Real UCI-HAR windows (every third) of 4 subjects, 6 channels (total acc + body gyro)."""
     raw = np.load(shared_data / "har" / "uci_har.npz", allow_pickle=False)
     channels = [str(c) for c in raw["channels"]]
-    pick = [channels.index(f"{kind}_{axis}") for kind in ("total_acc", "body_gyro") for axis in "xyz"]
+    pick = [
+        channels.index(f"{kind}_{axis}") for kind in ("total_acc", "body_gyro") for axis in "xyz"
+    ]
     keep = np.isin(raw["subject"], [1, 3, 5, 6]) & (np.arange(len(raw["y"])) % 3 == 0)  # fast
     path = tmp_path / "uci_har_4.npz"
     np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
-    cfg = load_config(None, [
-        "data.name=arrays", f"data.path={path}", "data.partition=natural",
-        "model.name=hart", "model.alp.enabled=true", "model.alp.prototypes=[16,16,8,8,4,4]",
-        "train.rounds=2", "train.local_epochs=1", "train.batch_size=32", "train.optimizer=adam",
-        "train.lr=0.002", "train.threads=1", "eval.every=2", "eval.batch_size=256",
-        "algorithm.name=fedali", "algorithm.kmeans_iters=10",
-    ])
-    summary = Simulation(prepare(cfg)).run()
+    cfg = load_config(
+        None,
+        [
+            "data.name=arrays",
+            f"data.path={path}",
+            "data.partition=natural",
+            "model.name=hart",
+            "model.alp.enabled=true",
+            "model.alp.prototypes=[16,16,8,8,4,4]",
+            "train.rounds=2",
+            "train.local_epochs=1",
+            "train.batch_size=32",
+            "train.optimizer=adam",
+            "train.lr=0.002",
+            "train.threads=1",
+            "eval.every=2",
+            "eval.batch_size=256",
+            "algorithm.name=fedali",
+            "algorithm.kmeans_iters=10",
+        ],
+    )
+    summary = simulate(prepare(cfg)).run()
     final = summary["final"]
     assert summary["rounds"] == 2
     assert final["personalization"]["acc"] > 0.3  # 6 classes: chance is about 0.17

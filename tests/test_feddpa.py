@@ -11,9 +11,7 @@ from protofed.algorithms import ALGORITHMS, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
 from protofed.algorithms.common.prototype_losses import class_mean_distance, prototype_distance
 from protofed.algorithms.feddpa import (
-    PRESENT,
-    PROTOTYPES,
-    STATS,
+    GLOBAL_PROTOS,
     FedDPA,
     alignment_loss,
     contrastive_refine,
@@ -24,8 +22,8 @@ from protofed.algorithms.feddpa import (
     separation_loss,
 )
 from protofed.config import TrainConfig, load_config
-from protofed.prototypes import pack_prototypes
-from protofed.runtime.simulation import Simulation, prepare
+from protofed.prototypes import PROTOS, pack_prototypes
+from protofed.runtime import prepare, simulate
 
 C, D = 3, 2
 
@@ -104,7 +102,9 @@ def test_summed_reduction_is_eq3_sum_of_squared_distances() -> None:
     # class means (2, 0) and (0, 2): squared distances 4 + 4
     assert class_mean_distance(feats, labels, protos, present, "sum").item() == pytest.approx(8.0)
     assert class_mean_distance(feats, labels, protos, present).item() == pytest.approx(8.0 / 4)
-    assert prototype_distance(feats, labels, protos, present, "sum").item() == pytest.approx(1 + 9 + 4)
+    assert prototype_distance(feats, labels, protos, present, "sum").item() == pytest.approx(
+        1 + 9 + 4
+    )
 
 
 # hierarchical aggregation (eq. 6-9) -------------------------------------------------------
@@ -118,8 +118,8 @@ def test_hierarchical_weights_give_each_group_the_same_total() -> None:
 
 
 def _reply(client: int, value: float, protos: torch.Tensor, counts: torch.Tensor, n: int) -> Reply:
-    arrays = {"head.weight": torch.full((C, D), value), "head.bias": torch.full((C,), value)}
-    return Reply(client, {**arrays, **pack_prototypes(protos, counts)}, {"num_examples": float(n)})
+    model = {"head.weight": torch.full((C, D), value), "head.bias": torch.full((C,), value)}
+    return Reply(client, {"model": model, PROTOS: pack_prototypes(protos, counts)}, {}, float(n))
 
 
 def _two_groups() -> list[Reply]:
@@ -137,25 +137,28 @@ def _two_groups() -> list[Reply]:
 
 def test_two_groups_give_the_mean_of_group_means_not_the_sample_mean() -> None:
     a = algo(num_groups=2, contrastive=False)
-    server = a.aggregate(a.init_server(), iter(_two_groups()), 1)
+    result = a.aggregate(a.init_server(), iter(_two_groups()), 1)
+    server, model = result.server[GLOBAL_PROTOS], result.server["model"]
     # group means 0 and 4 -> 2; the sample-weighted mean would be 4 * 30/930 = 0.13
-    assert torch.allclose(server["head.weight"], torch.full((C, D), 2.0))
-    assert torch.allclose(server["head.bias"], torch.full((C,), 2.0))
+    assert torch.allclose(model["head.weight"], torch.full((C, D), 2.0))
+    assert torch.allclose(model["head.bias"], torch.full((C,), 2.0))
     near = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     # group 1's prototypes average to `near`, except class 2: only clients 0 and 1 have it,
     # so near + 0.05; the far group's are near + 10; the global is their midpoint
     expected = near + 5.0
     expected[2] += 0.025
-    assert torch.allclose(server[PROTOTYPES], expected, atol=1e-5)
-    assert server[PRESENT].tolist() == [1.0, 1.0, 1.0]
-    assert server[STATS][2].item() == 2.0  # two groups were found
+    assert torch.allclose(server["prototypes"], expected, atol=1e-5)
+    assert server["present"].tolist() == [1.0, 1.0, 1.0]
+    assert result.metrics["groups"] == 2.0  # two groups were found
     flat = algo(hierarchical=False, contrastive=False)
-    server = flat.aggregate(flat.init_server(), iter(_two_groups()), 1)
-    assert torch.allclose(server["head.weight"], torch.full((C, D), 4 * 30 / 930))
+    model = flat.aggregate(flat.init_server(), iter(_two_groups()), 1).server["model"]
+    assert torch.allclose(model["head.weight"], torch.full((C, D), 4 * 30 / 930))
 
 
 def test_group_clients_recovers_planted_groups_with_missing_classes() -> None:
-    local = torch.stack([torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]) + s for s in (0, 0.1, -0.1, 10)])
+    local = torch.stack(
+        [torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]) + s for s in (0, 0.1, -0.1, 10)]
+    )
     counts = torch.tensor([[5.0, 5, 5], [5, 5, 5], [5, 5, 0], [5, 5, 5]])
     local[2, 2] = 0.0  # what unpack gives for a missing class
     labels = group_clients(local, counts, 2, seed=0)
@@ -172,38 +175,68 @@ def test_group_clients_recovers_planted_groups_with_missing_classes() -> None:
 def test_absent_classes_keep_their_previous_global_prototype() -> None:
     a = algo(contrastive=False, hierarchical=False)
     server = a.init_server()
-    server[PROTOTYPES] = torch.tensor([[0.0, 0.0], [0.0, 0.0], [7.0, 7.0]])
-    server[PRESENT] = torch.tensor([0.0, 0.0, 1.0])
+    server[GLOBAL_PROTOS] = {
+        "prototypes": torch.tensor([[0.0, 0.0], [0.0, 0.0], [7.0, 7.0]]),
+        "present": torch.tensor([0.0, 0.0, 1.0]),
+    }
     reply = _reply(0, 1.0, torch.ones(C, D), torch.tensor([3.0, 3.0, 0.0]), 6)
-    out = a.aggregate(server, iter([reply]), 2)
-    assert out[PROTOTYPES].tolist() == [[1.0, 1.0], [1.0, 1.0], [7.0, 7.0]]
-    assert out[PRESENT].tolist() == [1.0, 1.0, 1.0]
+    out = a.aggregate(server, iter([reply]), 2).server
+    assert out[GLOBAL_PROTOS]["prototypes"].tolist() == [[1.0, 1.0], [1.0, 1.0], [7.0, 7.0]]
+    assert out[GLOBAL_PROTOS]["present"].tolist() == [1.0, 1.0, 1.0]
     message = a.configure(out, 0, 3)
-    assert message["proto.classes"].tolist() == [0, 1, 2] and "proto.counts" not in message
+    assert message[PROTOS]["classes"].tolist() == [0, 1, 2] and "counts" not in message[PROTOS]
     assert set(a.client_model(message, {})) == {"head.weight", "head.bias"}
 
 
 # end to end on real data ------------------------------------------------------------------
 def test_a_short_run_on_uci_har_aligns_and_reports_a_global_model(shared_data) -> None:
     assert ALGORITHMS["feddpa"] is FedDPA and FedDPA.has_global_model
-    cfg = load_config(None, [
-        f"data.dir={shared_data}", "data.name=uci_har", "data.partition=natural",
-        "model.name=mlp", "model.hidden=[64]", "train.rounds=3", "train.clients_per_round=6",
-        "train.local_epochs=1", "train.batch_size=32", "train.lr=0.05", "train.threads=1",
-        "eval.every=3", "eval.generalization=false", "algorithm.name=feddpa",
-    ])
-    sim = Simulation(prepare(cfg))
+    cfg = load_config(
+        None,
+        [
+            f"data.dir={shared_data}",
+            "data.name=uci_har",
+            "data.partition=natural",
+            "model.name=mlp",
+            "model.hidden=[64]",
+            "train.rounds=3",
+            "train.clients_per_round=6",
+            "train.local_epochs=1",
+            "train.batch_size=32",
+            "train.lr=0.05",
+            "train.threads=1",
+            "eval.every=3",
+            "eval.generalization=false",
+            "algorithm.name=feddpa",
+        ],
+    )
+    sim = simulate(prepare(cfg))
     summary = sim.run()
     final = summary["final"]
     assert summary["rounds"] == 3
     assert final["global"]["acc"] > 0.4  # 6 classes: chance is about 0.17
     assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
     server = sim.server
-    assert server[PRESENT].tolist() == [1.0] * 6 and server[PROTOTYPES].shape == (6, 64)
-    mean_lambda, mean_het, groups, _, sep_after, _ = server[STATS].tolist()
+    glob = server[GLOBAL_PROTOS]
+    assert glob["present"].tolist() == [1.0] * 6 and glob["prototypes"].shape == (6, 64)
+    stats = final["server"]  # the server's metrics of the last round, by name
+    assert stats == sim.history[-1]["server"]
+    mean_lambda, mean_het, groups = (
+        stats["lambda_mean"],
+        stats["heterogeneity_mean"],
+        stats["groups"],
+    )
     assert mean_het > 0 and mean_lambda == pytest.approx(0.01 + 0.1 * mean_het)
-    assert 1 <= groups <= 3 and math.isfinite(sep_after)
+    assert 1 <= groups <= 3 and math.isfinite(stats["separation_after"])
     assert set(sim.algorithm.global_model(server)) == set(sim.algorithm.setting.init_model)
+    assert set(stats) == {
+        "lambda_mean",
+        "heterogeneity_mean",
+        "groups",
+        "separation_before",
+        "separation_after",
+        "min_distance",
+    }
 
 
 def test_diverged_local_training_is_a_clear_error_not_a_clustering_crash() -> None:

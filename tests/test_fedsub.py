@@ -14,20 +14,21 @@ from protofed.algorithms.fedsub import class_subnetworks, cluster_classes, fuse,
 from protofed.config import DynamicConfig, TrainConfig, load_config
 from protofed.data.federated import ClientData, FederatedData
 from protofed.errors import ConfigError
+from protofed.runtime import fit_client, prepare, simulate
 from protofed.runtime.dynamic import DynamicClasses, client_data
-from protofed.runtime.parallel import fit_client
-from protofed.runtime.simulation import Simulation, prepare
 
 
 # missing-prototype prediction ------------------------------------------------------------
 def test_predicted_prototype_is_the_similarity_weighted_mean_of_the_n_nearest():
     # 4 clients, 2 classes, 2-d prototypes; client 0 lacks class 1
-    means = torch.tensor([
-        [[1.0, 0.0], [0.0, 0.0]],
-        [[1.0, 0.2], [2.0, 4.0]],   # nearly parallel to client 0 on class 0
-        [[1.0, 1.0], [6.0, 2.0]],   # 45 degrees
-        [[0.0, 1.0], [9.0, 9.0]],   # orthogonal: the farthest
-    ])
+    means = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 0.0]],
+            [[1.0, 0.2], [2.0, 4.0]],  # nearly parallel to client 0 on class 0
+            [[1.0, 1.0], [6.0, 2.0]],  # 45 degrees
+            [[0.0, 1.0], [9.0, 9.0]],  # orthogonal: the farthest
+        ]
+    )
     counts = torch.tensor([[5.0, 0.0], [3.0, 2.0], [4.0, 1.0], [2.0, 7.0]])
     filled, predicted = predict_missing(means, counts, neighbours=2)
     s1 = 1.0 / math.sqrt(1.0 + 0.04)  # eq. 1 over the one shared class (class 0)
@@ -91,12 +92,14 @@ def test_overlapping_components_changes_only_parameters_active_for_every_member(
 def test_cluster_average_weights_active_members_by_class_count():
     weights, masks, counts, accuracy, labels = _setup()
     out = fuse(weights, masks, counts, accuracy, labels, "cluster_avg")
-    expected = torch.tensor([
-        (1 * 1 + 3 * 3 + 4 * 5) / 8,  # all active
-        (1 * 2 + 4 * 5) / 5,          # clients 0 and 2
-        5.0,                          # client 2 only
-        (1 * 4 + 3 * 12) / 4,         # clients 0 and 1
-    ])
+    expected = torch.tensor(
+        [
+            (1 * 1 + 3 * 3 + 4 * 5) / 8,  # all active
+            (1 * 2 + 4 * 5) / 5,  # clients 0 and 2
+            5.0,  # client 2 only
+            (1 * 4 + 3 * 12) / 4,  # clients 0 and 1
+        ]
+    )
     assert torch.allclose(out, expected.expand(3, 4))
 
 
@@ -166,6 +169,7 @@ def test_depth_beyond_the_model_is_a_config_error():
 # the dynamic scenario --------------------------------------------------------------------
 def _fed(num_clients: int = 10, num_classes: int = 4) -> FederatedData:
     """Clients with every class in every split; x encodes (client, class) for checks."""
+
     def part(i: int, reps: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.arange(num_classes).repeat(reps)
         return torch.stack([torch.full_like(y, i), y], 1).float(), y
@@ -173,8 +177,15 @@ def _fed(num_clients: int = 10, num_classes: int = 4) -> FederatedData:
     clients = [
         ClientData(f"c{i}", None, *part(i, 3), *part(i, 1), *part(i, 2)) for i in range(num_clients)
     ]
-    return FederatedData("toy", num_classes, [str(k) for k in range(num_classes)], (2,), "tabular",
-                         clients, counts=torch.zeros(1).numpy())
+    return FederatedData(
+        "toy",
+        num_classes,
+        [str(k) for k in range(num_classes)],
+        (2,),
+        "tabular",
+        clients,
+        counts=torch.zeros(1).numpy(),
+    )
 
 
 def test_withheld_classes_are_absent_until_their_round_then_back():
@@ -224,52 +235,70 @@ def test_a_client_keeps_a_class_with_train_and_test_samples():
 def _config(shared_data, *extra: str):
     return load_config(
         "configs/fedsub_wisdm.yaml",
-        [f"data.dir={shared_data}", "train.rounds=2", "train.threads=1", "eval.every=1",
-         "eval.generalization=false", *extra],
+        [
+            f"data.dir={shared_data}",
+            "train.rounds=2",
+            "train.threads=1",
+            "eval.every=1",
+            "eval.generalization=false",
+            *extra,
+        ],
     )
 
 
 def test_fedsub_runs_on_wisdm_and_sends_each_client_its_own_model(shared_data):
-    sim = Simulation(prepare(_config(shared_data)))
+    sim = simulate(prepare(_config(shared_data)))
     summary = sim.run()
     assert summary["rounds"] == 2 and len(sim.history) == 2
     f1 = summary["final"]["personalization"]["f1"]
     assert 0.2 < f1 <= 1.0  # 6 classes; chance macro-F1 is far lower than this after training
     algo = sim.algorithm
-    a, b = algo.configure(sim.server, 0, 3), algo.configure(sim.server, 1, 3)
+    a, b = algo.configure(sim.server, 0, 3)["model"], algo.configure(sim.server, 1, 3)["model"]
     assert set(a) == set(algo.shared) and "head.weight" not in a  # partial: the head stays
     assert not torch.equal(a["features.1.weight"], b["features.1.weight"])
-    assert "head.weight" in sim.state_of(0)
+    assert "head.weight" in sim.client_state(0)["local"]
 
 
 def test_dynamic_scenario_masks_training_and_evaluation_data(shared_data):
-    cfg = _config(shared_data, "data.dynamic.enabled=true", "data.dynamic.classes=2",
-                  "data.dynamic.every=2", "algorithm.name=fedavg", "train.rounds=1")
+    cfg = _config(
+        shared_data,
+        "data.dynamic.enabled=true",
+        "data.dynamic.classes=2",
+        "data.dynamic.every=2",
+        "algorithm.name=fedavg",
+        "train.rounds=1",
+    )
     prepared = prepare(cfg)
     dyn = prepared.dynamic
     assert len(dyn.withheld) == math.ceil(0.6 * len(prepared.fed.clients))
-    sim = Simulation(prepared)
+    sim = simulate(prepared)
     sim.run()
-    ev1 = sim.evaluator_for(1)
+    ev1 = sim.evaluation.evaluator_for(1)
     for i, classes in dyn.withheld.items():
         lo, hi = ev1.test.bounds[i]
         assert not set(classes) & set(ev1.test.y[lo:hi].tolist())
-    ev2 = sim.evaluator_for(2)  # round 2: the first withheld class of every chosen client is back
+    ev2 = sim.evaluation.evaluator_for(
+        2
+    )  # round 2: the first withheld class of every chosen client is back
     returned = {i: c[0] for i, c in dyn.withheld.items()}
-    assert all(returned[i] in ev2.test.y[slice(*ev2.test.bounds[i])].tolist()
-               for i in returned if returned[i] in prepared.fed.clients[i].test_y.tolist())
+    assert all(
+        returned[i] in ev2.test.y[slice(*ev2.test.bounds[i])].tolist()
+        for i in returned
+        if returned[i] in prepared.fed.clients[i].test_y.tolist()
+    )
     assert prepared.fed.meta["dynamic"]["every"] == 2
 
 
 def test_a_client_trains_without_its_withheld_classes_until_they_return(shared_data):
-    cfg = _config(shared_data, "data.dynamic.enabled=true", "data.dynamic.classes=2",
-                  "data.dynamic.every=2")
+    cfg = _config(
+        shared_data, "data.dynamic.enabled=true", "data.dynamic.classes=2", "data.dynamic.every=2"
+    )
     prepared = prepare(cfg)
     server = prepared.algorithm.init_server()
     cid, (first, second) = next((i, c) for i, c in prepared.dynamic.withheld.items() if len(c) == 2)
     full = torch.bincount(prepared.fed.clients[cid].train_y, minlength=6).float()
-    for round, absent in ((1, [first, second]), (2, [second]), (4, [])):
-        reply, *_ = fit_client(prepared, None, server, cid, round, {})
-        counts = reply["count"]
+    for server_round, absent in ((1, [first, second]), (2, [second]), (4, [])):
+        reply = fit_client(prepared, server, cid, server_round, {}).reply
+        counts = reply["classes"]["counts"]
         assert all(counts[k] == 0 for k in absent)
         assert all(counts[k] == full[k] for k in range(6) if k not in absent)

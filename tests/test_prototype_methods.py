@@ -11,7 +11,10 @@ import torch
 from sklearn.datasets import load_digits
 
 from protofed.algorithms import Reply, Setting, build_algorithm
-from protofed.algorithms.common.prototype_losses import class_mean_distance, prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import (
+    class_mean_distance,
+    prototype_regularized_loss,
+)
 from protofed.algorithms.fedproto import FedProto
 from protofed.algorithms.pfpl import PFPL, neighbour_weights, personalized_prototypes
 from protofed.config import DataConfig, ModelConfig, TrainConfig, build_config
@@ -21,6 +24,7 @@ from protofed.data.types import Dataset
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.prototypes import (
+    PROTOS,
     embed,
     embedding_means,
     pack_prototypes,
@@ -28,8 +32,8 @@ from protofed.prototypes import (
     with_prototype_head,
 )
 from protofed.report import group_scores
+from protofed.runtime import start
 from protofed.training.client import Client, load_weights
-from protofed.runtime.simulation import start
 from protofed.training.loop import predict
 
 NUM_CLASSES = 10
@@ -37,7 +41,9 @@ TRAIN = TrainConfig(local_epochs=1, batch_size=32, lr=0.05)
 
 
 def _setting(model: torch.nn.Module, num_clients: int = 2) -> Setting:
-    return Setting(num_clients, NUM_CLASSES, TRAIN, {k: v.clone() for k, v in model.state_dict().items()})
+    return Setting(
+        num_clients, NUM_CLASSES, TRAIN, {k: v.clone() for k, v in model.state_dict().items()}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +65,9 @@ def _model() -> torch.nn.Module:
     return build_model(ModelConfig(name="mlp", hidden=[32]), (64,), NUM_CLASSES)
 
 
-def _client(model, data: ClientData, cid: int, round_: int = 1) -> Client:
-    return Client(cid, data, model, TRAIN, round_, torch.Generator().manual_seed(cid + 10 * round_))
+def _client(model, data: ClientData, cid: int, server_round: int = 1) -> Client:
+    generator = torch.Generator().manual_seed(cid + 10 * server_round)
+    return Client(cid, data, model, TRAIN, server_round, generator)
 
 
 # toolkit additions ------------------------------------------------------------------------
@@ -68,8 +75,9 @@ def test_pack_sends_only_present_classes_and_unpacks_to_dense() -> None:
     means = torch.arange(12.0).reshape(4, 3)
     counts = torch.tensor([2.0, 0.0, 5.0, 0.0])
     packed = pack_prototypes(means, counts)
-    assert packed["proto.classes"].tolist() == [0, 2]
-    assert packed["proto.means"].shape == (2, 3)
+    assert set(packed) == {"classes", "means", "counts"}  # the record `protos`, no prefixes
+    assert packed["classes"].tolist() == [0, 2]
+    assert packed["means"].shape == (2, 3)
     dense, back = unpack_prototypes(packed, 4)
     assert torch.equal(back, counts)
     assert torch.equal(dense[[0, 2]], means[[0, 2]]) and torch.count_nonzero(dense[[1, 3]]) == 0
@@ -122,8 +130,9 @@ def test_pfpl_weights_sum_to_one_and_favour_the_nearer_client(mode: str) -> None
     assert (w > 0).all()
     assert w[1] > w[0] > w[2]
     if mode == "inverse":
-        assert w.tolist() == pytest.approx([(1 / 4) / (1 / 4 + 1 + 1 / 9), 1 / (1 / 4 + 1 + 1 / 9),
-                                            (1 / 9) / (1 / 4 + 1 + 1 / 9)])
+        assert w.tolist() == pytest.approx(
+            [(1 / 4) / (1 / 4 + 1 + 1 / 9), 1 / (1 / 4 + 1 + 1 / 9), (1 / 9) / (1 / 4 + 1 + 1 / 9)]
+        )
 
 
 def test_pfpl_literal_formula_is_the_printed_one_and_favours_the_farther_client() -> None:
@@ -158,33 +167,41 @@ def test_pfpl_server_keeps_latest_prototypes_and_sends_each_client_its_own(digit
     d = model.embedding_dim
     up0 = pack_prototypes(torch.full((NUM_CLASSES, d), 1.0), torch.tensor([1.0, 1.0] + [0.0] * 8))
     up1 = pack_prototypes(torch.full((NUM_CLASSES, d), 3.0), torch.tensor([0.0, 1.0] + [0.0] * 8))
-    server = algo.aggregate(server, iter([Reply(0, up0, {}), Reply(1, up1, {})]), 1)
-    msg0 = algo.configure(server, 0, 2)
-    assert msg0["proto.classes"].tolist() == [0, 1]
-    assert torch.allclose(msg0["proto.means"][0], torch.full((d,), 1.0))  # alone with class 0
-    assert torch.allclose(msg0["proto.means"][1], torch.full((d,), 2.0))  # 0.5 * 1 + 0.5 * 3
+    replies = [Reply(0, {PROTOS: up0}), Reply(1, {PROTOS: up1})]
+    server = algo.aggregate(server, iter(replies), 1).server
+    msg0 = algo.configure(server, 0, 2)[PROTOS]
+    assert msg0["classes"].tolist() == [0, 1]
+    assert torch.allclose(msg0["means"][0], torch.full((d,), 1.0))  # alone with class 0
+    assert torch.allclose(msg0["means"][1], torch.full((d,), 2.0))  # 0.5 * 1 + 0.5 * 3
     assert algo.configure(server, 2, 2) == {}  # client 2 never replied
     # round 2: client 1 alone replies; client 0's prototypes stay on the server
-    server = algo.aggregate(server, iter([Reply(1, up0, {})]), 2)
-    assert torch.allclose(algo.configure(server, 0, 3)["proto.means"][1], torch.full((d,), 1.0))
+    server = algo.aggregate(server, iter([Reply(1, {PROTOS: up0})]), 2).server
+    again = algo.configure(server, 0, 3)[PROTOS]["means"][1]
+    assert torch.allclose(again, torch.full((d,), 1.0))
 
 
 # client sides on real clients ---------------------------------------------------------------
 @pytest.mark.parametrize("cls", [FedProto, PFPL])
-def test_client_trains_its_own_model_and_sends_only_its_class_prototypes(cls, digits_clients) -> None:
+def test_client_trains_its_own_model_and_sends_only_its_class_prototypes(
+    cls, digits_clients
+) -> None:
     model = _model()
     algo = cls(cls.Params(), _setting(model))
     data = digits_clients[1]
-    reply, metrics, state = algo.fit(_client(model, data, 1), {}, {})
-    assert reply["proto.classes"].tolist() == [2, 3, 4]
-    assert set(reply) <= {"proto.classes", "proto.means", "proto.counts"}
-    assert metrics["num_examples"] == len(data.train_y)
+    result = algo.fit(_client(model, data, 1), {}, {})
+    assert set(result.reply) == {PROTOS}  # only prototypes travel
+    reply, metrics, state = result.reply[PROTOS], result.metrics, result.state["model"]
+    assert reply["classes"].tolist() == [2, 3, 4]
+    assert set(reply) <= {"classes", "means", "counts"}
+    assert "num_examples" not in metrics  # the engine stamps it
     load_weights(model, state)  # the trained personal model: its class means were sent
     expected, _ = embedding_means(model, data.train_x, data.train_y, NUM_CLASSES)
-    assert torch.allclose(unpack_prototypes(reply, NUM_CLASSES)[0][[2, 3, 4]],
-                          expected[[2, 3, 4]], atol=1e-6)
+    assert torch.allclose(
+        unpack_prototypes(reply, NUM_CLASSES)[0][[2, 3, 4]], expected[[2, 3, 4]], atol=1e-6
+    )
     assert not torch.equal(state["head.weight"], algo.setting.init_model["head.weight"])
-    assert algo.client_model({}, state) is state  # evaluated on its own model, no weights sent
+    # evaluated on its own model, no weights sent
+    assert algo.client_model({}, result.state) is state
 
 
 def test_prototype_loss_pulls_embeddings_toward_the_prototypes(digits_clients) -> None:
@@ -197,7 +214,9 @@ def test_prototype_loss_pulls_embeddings_toward_the_prototypes(digits_clients) -
     dist = {}
     for lam in (0.0, 50.0):
         load_weights(model, _setting(_model()).init_model)
-        _client(model, data, 0).train_model(loss_fn=prototype_regularized_loss(target, present, lam))
+        _client(model, data, 0).train_model(
+            loss_fn=prototype_regularized_loss(target, present, lam)
+        )
         f = embed(model, data.train_x)
         dist[lam] = ((f - target[data.train_y]) ** 2).mean().item()
     assert dist[50.0] < 0.5 * dist[0.0]
@@ -215,18 +234,24 @@ def test_fedproto_aggregates_count_weighted_or_uniform_means() -> None:
     c0[0], c0[1] = 3.0, 1.0
     c1 = torch.zeros(NUM_CLASSES)
     c1[1], c1[5] = 3.0, 2.0
-    replies = [Reply(0, pack_prototypes(m0, c0), {}), Reply(1, pack_prototypes(m1, c1), {})]
-    counted = FedProto(FedProto.Params(), _setting(model)).aggregate({}, iter(replies), 1)
+    replies = [
+        Reply(0, {PROTOS: pack_prototypes(m0, c0)}),
+        Reply(1, {PROTOS: pack_prototypes(m1, c1)}),
+    ]
+    server = FedProto(FedProto.Params(), _setting(model)).aggregate({}, iter(replies), 1).server
+    counted = server[PROTOS]
     assert torch.allclose(counted["means"][1], torch.full((d,), (1 * 2.0 + 3 * 6.0) / 4))
     assert torch.allclose(counted["means"][0], torch.full((d,), 1.0))
     assert counted["counts"].tolist() == [3.0, 4.0, 0, 0, 0, 2.0, 0, 0, 0, 0]
-    uniform = FedProto(FedProto.Params(weighting="uniform"), _setting(model)).aggregate(
-        {}, iter(replies), 1
+    uniform = (
+        FedProto(FedProto.Params(weighting="uniform"), _setting(model))
+        .aggregate({}, iter(replies), 1)
+        .server[PROTOS]
     )
     assert torch.allclose(uniform["means"][1], torch.full((d,), 4.0))
     algo = FedProto(FedProto.Params(), _setting(model))
-    msg = algo.configure(counted, 3, 2)
-    assert msg["proto.classes"].tolist() == [0, 1, 5] and "proto.counts" not in msg
+    msg = algo.configure(server, 3, 2)
+    assert msg[PROTOS]["classes"].tolist() == [0, 1, 5] and "counts" not in msg[PROTOS]
     # evaluation: the personal model with the nearest-global-prototype head
     evaluated = algo.client_model(msg, {})
     assert torch.allclose(evaluated["head.weight"][1], 2 * counted["means"][1])
@@ -240,18 +265,31 @@ def test_fedproto_aggregates_count_weighted_or_uniform_means() -> None:
 def _domains_dataset() -> Dataset:
     y = np.tile(np.arange(10), 600)
     groups = np.repeat(np.arange(3), 2000)
-    return Dataset(name="toy", X=np.zeros((6000, 2), np.float32), y=y, num_classes=10,
-                   class_names=[str(i) for i in range(10)], groups=groups, kind="tabular")
+    return Dataset(
+        name="toy",
+        X=np.zeros((6000, 2), np.float32),
+        y=y,
+        num_classes=10,
+        class_names=[str(i) for i in range(10)],
+        groups=groups,
+        kind="tabular",
+    )
 
 
 def test_mixed_gives_each_client_one_domain_and_n_classes_or_n_on_average() -> None:
     ds = _domains_dataset()
-    exact = mixed(DataConfig(partition="mixed", num_clients=20, classes_per_client=4), ds,
-                  np.random.default_rng(0))
+    exact = mixed(
+        DataConfig(partition="mixed", num_clients=20, classes_per_client=4),
+        ds,
+        np.random.default_rng(0),
+    )
     assert all(len(np.unique(ds.groups[p])) == 1 for p in exact)
     assert [len(np.unique(ds.y[p])) for p in exact] == [4] * 20
-    spread = mixed(DataConfig(partition="mixed", num_clients=200, classes_per_client=4,
-                              classes_spread=2), ds, np.random.default_rng(0))
+    spread = mixed(
+        DataConfig(partition="mixed", num_clients=200, classes_per_client=4, classes_spread=2),
+        ds,
+        np.random.default_rng(0),
+    )
     ways = np.array([len(np.unique(ds.y[p])) for p in spread])
     assert ways.min() == 2 and ways.max() == 6 and abs(ways.mean() - 4) < 0.3
 
@@ -260,8 +298,13 @@ def test_mixed_gives_each_client_one_domain_and_n_classes_or_n_on_average() -> N
 def _run(tmp_path, shared_data, name: str, **overrides) -> tuple[dict, dict]:
     raw = {
         "seed": 0,
-        "data": {"name": "office_caltech", "partition": "mixed", "num_clients": 8,
-                 "classes_per_client": 3, "dir": str(shared_data)},
+        "data": {
+            "name": "office_caltech",
+            "partition": "mixed",
+            "num_clients": 8,
+            "classes_per_client": 3,
+            "dir": str(shared_data),
+        },
         "model": {"name": "mlp", "hidden": [64]},
         "algorithm": {"name": name, **overrides},
         "train": {"rounds": 3, "batch_size": 32, "lr": 0.05, "momentum": 0.9, "threads": 1},
@@ -286,20 +329,33 @@ def test_runs_end_to_end_on_office_caltech_domains(tmp_path, shared_data, name: 
     assert set(by_domain) == {"amazon", "caltech", "dslr", "webcam"}
     record = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[-1])
     partition = json.loads((tmp_path / name / "partition.json").read_text())
-    amazon = [a for a, c in zip(record["clients"]["pers_acc"], partition["clients"], strict=True)
-              if c["group"] == 0]
+    amazon = [
+        a
+        for a, c in zip(record["clients"]["pers_acc"], partition["clients"], strict=True)
+        if c["group"] == 0
+    ]
     assert by_domain["amazon"] == pytest.approx(sum(amazon) / len(amazon))
 
 
 def test_pfpl_runs_on_digits_domains(tmp_path, shared_data) -> None:
     raw = {
         "seed": 1,
-        "data": {"name": "digits_domains", "partition": "mixed", "num_clients": 6,
-                 "classes_per_client": 2, "image_size": 8, "dir": str(shared_data),
-                 "split": [0.2, 0.1, 0.7]},
+        "data": {
+            "name": "digits_domains",
+            "partition": "mixed",
+            "num_clients": 6,
+            "classes_per_client": 2,
+            "image_size": 8,
+            "dir": str(shared_data),
+            "split": [0.2, 0.1, 0.7],
+        },
         "model": {"name": "mlp", "hidden": [32]},
-        "algorithm": {"name": "pfpl", "weights": "literal", "align": "class_mean",
-                      "inference": "prototype"},
+        "algorithm": {
+            "name": "pfpl",
+            "weights": "literal",
+            "align": "class_mean",
+            "inference": "prototype",
+        },
         "train": {"rounds": 2, "batch_size": 64, "lr": 0.05, "threads": 1},
         "eval": {"every": 1},
     }
