@@ -31,7 +31,7 @@ def model_weights(model: FedModel) -> Arrays:
 
 @dataclass
 class Client:
-    """One client in one round, as the algorithm's `fit` sees it (`protofed.core.Client`).
+    """One client in one round, as the algorithm's `fit` sees it (`core.types.Client`).
 
     `model` is a workspace shared by all clients of a worker: `fit` loads the weights it needs
     into it, so nothing of another client survives in it. `generator` is seeded from
