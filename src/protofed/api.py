@@ -91,6 +91,7 @@ class Summary:
     selected: dict[str, Any]
     comm: dict[str, Any]
     time: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)  # e.g. validation never beat chance
     extra: dict[str, Any] = field(default_factory=dict)  # engine-specific entries (Flower's)
 
     @classmethod
@@ -102,7 +103,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        return {**{k: v for k, v in out.items() if k != "extra"}, **out["extra"]}
+        skip = {"extra", *(("warnings",) if not self.warnings else ())}
+        return {**{k: v for k, v in out.items() if k not in skip}, **out["extra"]}
 
 
 class Run:

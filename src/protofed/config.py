@@ -69,10 +69,23 @@ class DataConfig(_Section):
     label_column: str = "label"
     group_column: str | None = None
     image_size: int | None = Field(None, ge=4, description="Resize images to this side.")
-    dir: str | None = Field(None, description="Data root; else PROTOFED_DATA; else a cache dir.")
+    dir: str | None = Field(
+        None, description="Data root (stored absolute); else PROTOFED_DATA; else a cache dir."
+    )
+    standardize: bool | None = Field(
+        None,
+        description="Per-feature z-score fitted on the clients' training data only; None: on "
+        "for data.name=arrays (tabular and sensor), off where a loader already normalises.",
+    )
     dynamic: DynamicConfig = Field(
         default_factory=DynamicConfig, description="Classes withheld and given back over rounds."
     )
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        """A relative data.dir would mean another folder when a run is resumed elsewhere."""
+        return None if v is None else str(Path(v).expanduser().absolute())
 
     @field_validator("split")
     @classmethod
@@ -263,9 +276,59 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
     return raw
 
 
+# Settings a first run on each data set can trust, used for every key the config leaves unset
+# (`protofed data info NAME` lists them; a config or -s override always wins). Without them a
+# run gets the generic defaults above: an MLP and SGD without momentum for one local epoch,
+# which on UCI-HAR natural clients reach 35 % generalization F1 in 15 rounds.
+_SENSOR = {"model.name": "cnn1d", "train.momentum": 0.9, "train.local_epochs": 2}
+_IMAGES = {"model.name": "cnn", "train.momentum": 0.9, "train.lr": 0.01}
+_TABLES = {"train.momentum": 0.9, "train.local_epochs": 2}
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "uci_har": _SENSOR,
+    "wisdm": _SENSOR,
+    "hhar": _SENSOR,
+    "wisdm_features": _TABLES,
+    "wesad": _TABLES,
+    "office_caltech": _TABLES,
+    "arrays": _TABLES,
+    "mnist": _IMAGES,
+    "usps": _IMAGES,
+    "mnist_m": _IMAGES,
+    "digits_domains": _IMAGES,
+    "cifar10": _IMAGES,
+    "cifar100": _IMAGES,
+    "femnist": _IMAGES,
+}
+
+
+def _has_key(raw: dict[str, Any], key: str) -> bool:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def with_dataset_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` plus DATASET_DEFAULTS[data.name] for every key `raw` does not set."""
+    data = raw.get("data")
+    name = data.get("name", "digits") if isinstance(data, dict) else "digits"
+    defaults = DATASET_DEFAULTS.get(name, {}) if isinstance(name, str) else {}
+    missing = [k for k in defaults if not _has_key(raw, k)]
+    if not missing:
+        return raw
+    import copy
+
+    out = copy.deepcopy(raw)
+    for key in missing:
+        set_key(out, key, defaults[key])
+    return out
+
+
 def build_config(raw: dict[str, Any]) -> ExperimentConfig:
     try:
-        return ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(with_dataset_defaults(raw))
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err)) from None
 

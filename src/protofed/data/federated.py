@@ -221,6 +221,28 @@ def _predefined_split(
     return train_pos, train_pos[:0], test_pos
 
 
+def standardize_enabled(cfg: DataConfig, ds: Dataset) -> bool:
+    """data.standardize, or its default: on for own tabular and sensor data only.
+
+    Registered loaders normalise as their source needs (z-scored tables, per-channel
+    standardised CIFAR, unscaled inertial signals that the 1-D CNNs expect); a file of one's
+    own arrives as it was measured, often with features on scales apart by orders of magnitude.
+    """
+    if cfg.standardize is not None:
+        return cfg.standardize
+    return ds.name == "arrays" and ds.kind in ("tabular", "sensor")
+
+
+def standardize(X: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
+    """Z-score each feature (each channel for sensor windows and images) with statistics of
+    `train_rows` only, so validation and test data never inform the transform."""
+    axes = (0,) if X.ndim == 2 else (0, *range(2, X.ndim))
+    fit = X[train_rows].astype(np.float64)
+    mean = fit.mean(axis=axes, keepdims=True)
+    std = fit.std(axis=axes, keepdims=True)
+    return ((X - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+
+
 def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) -> FederatedData:
     """Load (unless `dataset` is given), partition, and split every client; see module doc."""
     ds = dataset if dataset is not None else load_dataset(cfg)
@@ -237,7 +259,7 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
     used = sum(len(p) for p in parts)
     if used < len(ds):
         notes.append(f"{cfg.partition} partition: {len(ds) - used} of {len(ds)} samples unused")
-    clients = []
+    plans = []
     for i, idx in enumerate(parts):
         group = _client_group(ds, idx)
         name = _client_name(cfg, ds, i, group)
@@ -255,7 +277,15 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
             raise ConfigError(
                 f"client '{name}' has {len(idx)} sample(s) but needs at least one train and one test sample; {fix}"
             )
-        train, val, test = (_tensors(ds.X, ds.y, idx[p]) for p in (tr, va, te))
+        plans.append((name, group, idx[tr], idx[va], idx[te]))
+    X = ds.X
+    standardized = standardize_enabled(cfg, ds)
+    if standardized:
+        X = standardize(ds.X, np.concatenate([plan[2] for plan in plans]))
+        notes.append("features standardised with the clients' training data (data.standardize)")
+    clients = []
+    for name, group, *rows in plans:
+        train, val, test = (_tensors(X, ds.y, r) for r in rows)
         clients.append(ClientData(name, group, *train, *val, *test))
     fed = FederatedData(
         dataset=ds.name,
@@ -271,6 +301,7 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
             "split": list(cfg.split),
             "notes": notes,
             "group_names": None if ds.group_names is None else list(ds.group_names),
+            "standardized": standardized,
             "source": _jsonable(ds.meta),
         },
     )

@@ -43,11 +43,12 @@ def data_root(cfg: DataConfig) -> Path:
 
 
 def _missing(name: str, path: Path, source: str, also: str = "") -> ConfigError:
-    """The one error for an absent data file: full path, where to get it, how to point at it."""
+    """The one error for an absent data file: full path, how to fetch it, how to point at it."""
     alt = f" (or {also})" if also else ""
     return ConfigError(
-        f"data set '{name}': file not found: {path}{alt}; get it from {source} and put it there, "
-        "or set data.dir / PROTOFED_DATA to the folder that holds it"
+        f"data set '{name}': file not found: {path}{alt}; run `protofed data fetch {name} "
+        f"--data-dir {path.parent.parent}` (source: {source}), or set data.dir / PROTOFED_DATA "
+        "to the folder that holds it"
     )
 
 
@@ -56,6 +57,15 @@ def _require(cfg: DataConfig, name: str, relpath: str) -> Path:
     if not path.is_file():
         raise _missing(name, path, DATASETS[name].source)
     return path
+
+
+def _first_present(cfg: DataConfig, name: str, *relpaths: str) -> Path:
+    """The first of `relpaths` present under the data root (the fetched full file comes first)."""
+    root = data_root(cfg)
+    for rel in relpaths:
+        if (root / rel).is_file():
+            return root / rel
+    raise _missing(name, root / relpaths[0], DATASETS[name].source, also=str(root / relpaths[-1]))
 
 
 def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray]:
@@ -287,7 +297,9 @@ def _load_uci_har(cfg: DataConfig) -> Dataset:
             "subject": d["subject"],
             "split": d.get("split"),
             "class_names": [str(c) for c in d.get("class_names", _UCI_CLASSES)],
-            "split_source": "per-subject 75/25 split of the PFLlib conversion",
+            "split_source": str(
+                d.get("split_note", "per-subject 75/25 split of the PFLlib conversion")
+            ),
             "file": str(npz_path),
         }
     elif folder.is_dir():
@@ -496,9 +508,13 @@ def _train_test(
     return x, y, split
 
 
-def _raw_mnist_m(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-    d = _load_npz(_require(cfg, "mnist_m", "digits/mnist_m_test.npz"), "x_test", "y_test")
-    return d["x_test"], d["y_test"]
+def _raw_mnist_m(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The fetched train+test file when present, else the test split alone (split None)."""
+    path = _first_present(cfg, "mnist_m", "digits/mnist_m.npz", "digits/mnist_m_test.npz")
+    if path.name == "mnist_m.npz":
+        return _train_test(cfg, "mnist_m", "digits/mnist_m.npz")
+    d = _load_npz(path, "x_test", "y_test")
+    return d["x_test"], d["y_test"], None
 
 
 def _load_mnist(cfg: DataConfig) -> Dataset:
@@ -514,9 +530,10 @@ def _load_usps(cfg: DataConfig) -> Dataset:
 
 
 def _load_mnist_m(cfg: DataConfig) -> Dataset:
-    x, y = _raw_mnist_m(cfg)
+    x, y, split = _raw_mnist_m(cfg)
     X = _resize(_to_chw(x, channels_last=True), cfg.image_size)
-    return _image_dataset("mnist_m", X, y, meta={"note": "MNIST-M test split only"})
+    note = "MNIST-M test split only" if split is None else "MNIST-M train + test"
+    return _image_dataset("mnist_m", X, y, predefined_split=split, meta={"note": note})
 
 
 DIGITS_DOMAINS_SIZE = 32
@@ -534,7 +551,7 @@ def _load_digits_domains(cfg: DataConfig) -> Dataset:
     raw = [
         _train_test(cfg, "mnist", "digits/mnist.npz")[:2],
         _train_test(cfg, "usps", "digits/usps.npz")[:2],
-        _raw_mnist_m(cfg),
+        _raw_mnist_m(cfg)[:2],
     ]
     rng = np.random.default_rng(0)
     xs, ys, gs, sizes = [], [], [], {}
@@ -562,25 +579,38 @@ def _load_digits_domains(cfg: DataConfig) -> Dataset:
     )
 
 
-def _cifar(cfg: DataConfig, name: str, relpath: str) -> Dataset:
-    d = _load_npz(_require(cfg, name, relpath), "x", "y")
-    X = _resize(_to_chw(d["x"], channels_last=True), cfg.image_size)
+def _cifar(cfg: DataConfig, name: str, full: str, subset: str) -> Dataset:
+    """The fetched 60000-image file when present, else the stratified subset."""
+    path = _first_present(cfg, name, full, subset)
+    if path.name == Path(full).name:
+        x, y, split = _train_test(cfg, name, full)
+        note = "all 60000 images (published train/test kept as the predefined split)"
+    else:
+        d = _load_npz(path, "x", "y")
+        x, y, split = d["x"], d["y"], None
+        note = "stratified subset"
+    X = _resize(_to_chw(x, channels_last=True), cfg.image_size)
     X, stats = _normalise_channels(X)
     return _image_dataset(
-        name, X, d["y"], meta={**stats, "note": "stratified subset; per-channel standardised"}
+        name,
+        X,
+        y,
+        predefined_split=split,
+        meta={**stats, "file": str(path), "note": f"{note}; per-channel standardised"},
     )
 
 
 def _load_cifar10(cfg: DataConfig) -> Dataset:
-    return _cifar(cfg, "cifar10", "images/cifar10_20k.npz")
+    return _cifar(cfg, "cifar10", "images/cifar10.npz", "images/cifar10_20k.npz")
 
 
 def _load_cifar100(cfg: DataConfig) -> Dataset:
-    return _cifar(cfg, "cifar100", "images/cifar100_10k.npz")
+    return _cifar(cfg, "cifar100", "images/cifar100.npz", "images/cifar100_10k.npz")
 
 
 def _load_femnist(cfg: DataConfig) -> Dataset:
-    d = _load_npz(_require(cfg, "femnist", "images/femnist_partial.npz"), "x", "y", "writer")
+    path = _first_present(cfg, "femnist", "images/femnist.npz", "images/femnist_partial.npz")
+    d = _load_npz(path, "x", "y", "writer")
     # LEAF stores ink dark on a 255 background; invert so background is 0 like MNIST.
     X = _resize(1.0 - _to_chw(d["x"], channels_last=False), cfg.image_size)
     writers = d["writer"].astype(np.int64)
@@ -597,7 +627,7 @@ def _load_femnist(cfg: DataConfig) -> Dataset:
         groups=writers,
         group_names=names,
         predefined_split=split,
-        meta={"note": "LEAF niid 5% sample, partial; inverted to 0 bg"},
+        meta={"file": str(path), "note": "LEAF niid 5% sample; inverted to 0 background"},
     )
 
 
@@ -791,7 +821,7 @@ DATASETS: dict[str, DatasetInfo] = {
         "USPS 16x16 digits, train+test (9298)", _load_usps, "USPS (Hull 1994; the Kaggle usps.h5)"
     ),
     "mnist_m": DatasetInfo(
-        "MNIST-M 32x32 colour digits, test split (9001)",
+        "MNIST-M 32x32 colour digits: train+test once fetched, else the test split",
         _load_mnist_m,
         "MNIST-M (Ganin & Lempitsky 2015), test split",
     ),
@@ -801,17 +831,17 @@ DATASETS: dict[str, DatasetInfo] = {
         "MNIST, USPS and MNIST-M (see those entries)",
     ),
     "cifar10": DatasetInfo(
-        "CIFAR-10 stratified 20k subset, 3x32x32, 10 classes",
+        "CIFAR-10 3x32x32, 10 classes: all 60000 once fetched, else a 20k subset",
         _load_cifar10,
         "CIFAR-10 (Krizhevsky 2009)",
     ),
     "cifar100": DatasetInfo(
-        "CIFAR-100 stratified 10k subset, 3x32x32, 100 classes",
+        "CIFAR-100 3x32x32, 100 classes: all 60000 once fetched, else a 10k subset",
         _load_cifar100,
         "CIFAR-100 (Krizhevsky 2009)",
     ),
     "femnist": DatasetInfo(
-        "FEMNIST (LEAF) 28x28, 62 classes, groups = writer",
+        "FEMNIST (LEAF niid 5% sample) 28x28, 62 classes, groups = writer",
         _load_femnist,
         "LEAF benchmark: FEMNIST (niid, 5% sample)",
     ),

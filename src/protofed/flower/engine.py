@@ -409,7 +409,11 @@ def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Ro
     prepared = prepare(cfg)
     loop = simulation_loop(prepared)  # validates the Flower settings before any file exists
     loop.run_dir = RunDir.create(
-        out, cfg.to_dict(), prepared.fed.summary(), prepared.fed.counts_table(), overwrite=overwrite
+        out,
+        prepared.cfg.to_dict(),
+        prepared.fed.summary(),
+        prepared.fed.counts_table(),
+        overwrite=overwrite,
     )
     return loop
 

@@ -252,6 +252,7 @@ class RoundLoop:
             return {k: rec[k] for k in ("personalization", "generalization", "global")}
 
         server_metrics: Metrics = final.get("server") or {}
+        warnings = self.chance_warnings()
         return {
             "algorithm": self.algorithm.name,  # "fedavg+ala" when the ALA plug-in is on
             "dataset": cfg.data.name,
@@ -281,5 +282,30 @@ class RoundLoop:
                 "train_s_per_round": p.train_s / max(rounds, 1),
                 "client_updates_per_s": p.client_updates / max(p.train_s, 1e-9),
             },
+            **({"warnings": warnings} if warnings else {}),
             **(self.summary_extra() if self.summary_extra is not None else {}),
         }
+
+    def chance_warnings(self) -> list[str]:
+        """A warning when no evaluated round's validation accuracy beat chance.
+
+        Chance is the better of uniform guessing and predicting each client's most frequent
+        validation class (their mean over clients); one point of margin. Features left on
+        raw scales (data.standardize=false) or a learning rate far off are the usual causes.
+        """
+        counts = self.prepared.fed.counts_by_split()["val"]
+        sizes = counts.sum(axis=1)
+        if not self.history or sizes.sum() == 0:
+            return []
+        majority = float((counts.max(axis=1)[sizes > 0] / sizes[sizes > 0]).mean())
+        chance = max(1.0 / self.prepared.fed.num_classes, majority)
+        best = max(
+            (h["val"]["acc"] for h in self.history if h["val"].get("acc") is not None),
+            default=None,
+        )
+        if best is None or math.isnan(best) or best > chance + 0.01:
+            return []
+        return [
+            f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %): "
+            "check data.standardize, train.lr and the model"
+        ]

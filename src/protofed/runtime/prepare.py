@@ -7,6 +7,7 @@ model that cannot take the input shape stops the run with one line and leaves no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from protofed.algorithms import Algorithm, Setting, build_algorithm
 from protofed.config import ExperimentConfig
 from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.core.types import clone
+from protofed.data import data_root, load_plugins
 from protofed.data.federated import ClientData, FederatedData, build_federated
 from protofed.errors import ConfigError
 from protofed.models import build_model
@@ -57,7 +59,12 @@ class Prepared:
 
 
 def prepare(cfg: ExperimentConfig) -> Prepared:
-    """Load data, build the model and the algorithm: every config error surfaces here."""
+    """Load data, build the model and the algorithm: every config error surfaces here.
+
+    `Prepared.cfg` is `cfg` with the data root it read pinned as an absolute `data.dir`, so a
+    run directory's config.yaml names the files the run saw.
+    """
+    cfg = with_data_root(cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
@@ -76,6 +83,17 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled)
+
+
+def with_data_root(cfg: ExperimentConfig, data_dir: str | Path | None = None) -> ExperimentConfig:
+    """`cfg` with `data.dir` set: `data_dir` if given, else the root the loader would read
+    (data.dir, PROTOFED_DATA, the cache dir) for data sets read from a data root."""
+    info = load_plugins().get(cfg.data.name)
+    if data_dir is None and (cfg.data.dir is not None or info is None or not info.needs_root):
+        return cfg
+    pinned = cfg.model_copy(deep=True)
+    pinned.data.dir = str(data_dir if data_dir is not None else data_root(cfg.data))
+    return pinned
 
 
 def build_model_and_algorithm(
