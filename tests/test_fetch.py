@@ -459,3 +459,104 @@ def test_data_list_and_info_describe_the_catalog(shared_data):
     assert info.exit_code == 0
     assert "md5:f68b3c2dcbeaaa9fbdd348bbdeb94873" in info.output
     assert "model.name=cnn" in info.output
+
+
+def test_mnist_m_from_the_png_tarball(shared_data, tmp_path, monkeypatch):
+    from PIL import Image
+
+    with np.load(shared_data / "digits" / "mnist_m_test.npz") as d:
+        x, y = d["x_test"][:12], d["y_test"][:12]
+    members = {}
+    for part, rows in (("train", range(0, 8)), ("test", range(8, 12))):
+        labels = []
+        for k in rows:
+            buffer = io.BytesIO()
+            Image.fromarray(x[k]).save(buffer, format="PNG")
+            members[f"mnist_m/mnist_m_{part}/{k:08d}.png"] = buffer.getvalue()
+            labels.append(f"{k:08d}.png {y[k]}")
+        members[f"mnist_m/mnist_m_{part}_labels.txt"] = ("\n".join(labels) + "\n").encode()
+    archive = tmp_path / "mnist_m.tar.gz"
+    _tar_gz(archive, members)
+    _serve(monkeypatch, "mnist_m", {"mnist_m.tar.gz": archive}, {"mnist_m.tar.gz": _md5(archive)})
+    root = tmp_path / "root"
+    catalog.fetch("mnist_m", root, log=lambda _: None, progress=False)
+    with np.load(root / "digits" / "mnist_m.npz", allow_pickle=False) as got:
+        np.testing.assert_array_equal(got["x_train"], x[:8])
+        np.testing.assert_array_equal(got["x_test"], x[8:])
+        np.testing.assert_array_equal(got["y_test"], y[8:])
+        assert got["x_train"].dtype == np.uint8 and got["x_train"].shape[1:] == (32, 32, 3)
+    ds = load_dataset(DataConfig(name="mnist_m", dir=str(root)))
+    assert ds.predefined_split.tolist() == [0] * 8 + [1] * 4
+
+
+def test_hhar_csv_keeps_galaxy_s3_windows(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    frames = []
+    for user, device, model, gt, n in (
+        ("a", "s3_1", "s3", "walk", 300),
+        ("a", "s3_1", "s3", "null", 200),
+        ("b", "s3_2", "s3", "bike", 260),
+        ("b", "nexus4_1", "nexus4", "sit", 400),  # not a Galaxy S3: dropped
+    ):
+        frames.append(
+            pd.DataFrame(
+                {
+                    "Index": 0,
+                    "Arrival_Time": 0,
+                    "Creation_Time": np.arange(n) * 10,
+                    "x": rng.normal(size=n),
+                    "y": rng.normal(size=n),
+                    "z": rng.normal(size=n),
+                    "User": user,
+                    "Model": model,
+                    "Device": device,
+                    "gt": gt,
+                }
+            )
+        )
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr(
+            "Activity recognition exp/Phones_accelerometer.csv",
+            pd.concat(frames).to_csv(index=False),
+        )
+    archive = tmp_path / "hhar.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("Activity recognition exp.zip", inner.getvalue())
+    _serve(monkeypatch, "hhar", {catalog.SOURCES["hhar"].files[0].filename: archive})
+    root = tmp_path / "root"
+    catalog.fetch("hhar", root, log=lambda _: None, progress=False)
+    with np.load(root / "har" / "hhar_sa.npz", allow_pickle=False) as got:
+        assert got["X"].shape == (4, 3, 128)
+        assert got["y"].tolist() == [3, 3, 0, 0] and got["user"].tolist() == [0, 0, 1, 1]
+        assert list(got["class_names"])[:4] == ["bike", "sit", "stand", "walk"]
+
+
+def test_femnist_from_flowers_parquet_takes_a_leaf_sample(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    images, writers, chars = [], [], []
+    for w in range(40):
+        for _ in range(10):
+            img = np.full((28, 28), 0, dtype=np.uint8)  # light ink on black, as in the parquet
+            img[10:18, 10:18] = rng.integers(100, 255)
+            buffer = io.BytesIO()
+            Image.fromarray(img).save(buffer, format="PNG")
+            images.append({"bytes": buffer.getvalue(), "path": None})
+            writers.append(f"f{w:04d}_00")
+            chars.append(int(rng.integers(0, 62)))
+    table = pa.table(
+        {"image": images, "writer_id": writers, "hsf_id": [0] * 400, "character": chars}
+    )
+    name = catalog.SOURCES["femnist"].files[0].filename
+    pq.write_table(table, tmp_path / name)
+    _serve(monkeypatch, "femnist", {name: tmp_path / name})
+    root = tmp_path / "root"
+    catalog.fetch("femnist", root, log=lambda _: None, progress=False)
+    with np.load(root / "images" / "femnist.npz", allow_pickle=False) as got:
+        assert len(got["writer_names"]) == 2  # 5 % of 400 samples = whole writers of 10
+        assert len(got["x"]) == 20 and got["x"][:, 0, 0].tolist() == [255] * 20  # LEAF polarity
+        assert got["split"].tolist().count(0) == 18  # 90 % of each writer's samples train
