@@ -50,11 +50,18 @@ def save_npz(path: Path, **arrays: Any) -> Path:
 
 
 def save_csv(path: Path, frame: pd.DataFrame) -> Path:
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False)
+    return save_bytes(path, buffer.getvalue().encode())
+
+
+def save_bytes(path: Path, data: bytes) -> Path:
+    """Write through a temporary in the same folder, then an atomic rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".csv")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            frame.to_csv(handle, index=False)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -322,9 +329,7 @@ def convert_wisdm_features(raw: Path, root: Path) -> list[Path]:
     archive = _wisdm_tar(raw)
     frame = parse_arff(_tar_member(archive, "_transformed.arff").decode("latin1"))
     out = [save_csv(root / "har" / "wisdm_features.csv", frame)]
-    readme = root / "har" / "wisdm_readme.txt"
-    readme.write_bytes(_tar_member(archive, "readme.txt"))
-    return [*out, readme]
+    return [*out, save_bytes(root / "har" / "wisdm_readme.txt", _tar_member(archive, "readme.txt"))]
 
 
 # --------------------------------------------------------------------------- HHAR
