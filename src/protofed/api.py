@@ -78,7 +78,11 @@ def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Summary:
-    """A run's `summary.json`, typed. `as_dict()` gives the file's contents back."""
+    """A run's `summary.json`, typed. `as_dict()` gives the file's contents back.
+
+    `status` is "complete", or "diverged" when a reply or the server state held NaN or
+    infinity (`diverged` says where; `final` and `selected` are None if no round was scored).
+    """
 
     algorithm: str
     dataset: str
@@ -87,10 +91,11 @@ class Summary:
     num_clients: int
     seed: int
     rounds: int
-    final: dict[str, Any]
-    selected: dict[str, Any]
+    final: dict[str, Any] | None
+    selected: dict[str, Any] | None
     comm: dict[str, Any]
     time: dict[str, Any]
+    status: str = "complete"
     warnings: list[str] = field(default_factory=list)  # e.g. validation never beat chance
     extra: dict[str, Any] = field(default_factory=dict)  # engine-specific entries (Flower's)
 

@@ -6,9 +6,12 @@ config, the data and the model have all been validated.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from protofed.errors import ConfigError
+from protofed.errors import ConfigError, RunStopped
 
 app = typer.Typer(
     add_completion=False,
@@ -35,9 +38,42 @@ DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root.")]
 ConfigFile = Annotated[Path | None, typer.Argument(help="Experiment YAML.")]
 
 
+EXIT_USER, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=EXIT_USER)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Faults the user can fix end on one line with exit code 2, never in a traceback:
+    bad input (ConfigError), a disk that is full or read-only, a vanished file, a run that
+    cannot go on (RunStopped)."""
+    try:
+        yield
+    except (ConfigError, RunStopped) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        _fail(f"{where}{exc.strerror or exc}")
+    except EOFError as exc:  # else click would turn it into "Aborted!"
+        _fail(f"a file ended early ({exc or 'unexpected end of file'})")
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, `kill`) handled like Ctrl-C: the run stops resumably."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _config(config: Path | None, overrides: list[str], data_dir: Path | None):
@@ -110,7 +146,7 @@ def run(
     from protofed.runtime import resume, start
 
     run_loop = None  # how the loop runs: its own `run`, or inside a Flower simulation session
-    try:
+    with user_errors():
         if engine not in ("builtin", "flower"):
             raise ConfigError(f"unknown --engine '{engine}' (builtin or flower)")
         if engine == "flower":
@@ -145,40 +181,52 @@ def run(
                 stamp = time.strftime("%Y%m%d-%H%M%S")
                 out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
             loop = start(cfg, out, overwrite=force)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
 
-    total = loop.cfg.train.rounds
-    show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=err_console,
-        disable=not show,
-        transient=False,
-    ) as bar:
-        task = bar.add_task(
-            loop.cfg.algorithm.name, total=total, completed=loop.progress.server_round, status=""
-        )
-
-        def on_round(r: int, info: dict, record: dict | None) -> None:
-            status = ""
-            if record is not None:
-                status = f"pers F1 {_pct(record['personalization']['f1'])}"
-            bar.update(task, completed=r, status=status)
-
-        try:
-            summary = loop.run(on_round) if run_loop is None else run_loop(loop, on_round)
-        except KeyboardInterrupt:
-            err_console.print(
-                f"interrupted after round {loop.progress.server_round}; continue with: protofed run --resume {out}",
-                highlight=False,
+        total = loop.cfg.train.rounds
+        show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
+        with (
+            Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=err_console,
+                disable=not show,
+                transient=False,
+            ) as bar,
+            terminate_as_interrupt(),
+        ):
+            task = bar.add_task(
+                loop.cfg.algorithm.name,
+                total=total,
+                completed=loop.progress.server_round,
+                status="",
             )
-            raise typer.Exit(code=130) from None
+
+            def on_round(r: int, info: dict, record: dict | None) -> None:
+                status = ""
+                if record is not None:
+                    status = f"pers F1 {_pct(record['personalization']['f1'])}"
+                bar.update(task, completed=r, status=status)
+
+            try:
+                summary = loop.run(on_round) if run_loop is None else run_loop(loop, on_round)
+            except KeyboardInterrupt:
+                done = loop.progress.server_round
+                if loop.checkpoints:
+                    hint = f"continue with: protofed run --resume {out}"
+                else:  # the client states lived in Flower's ClientApps: gone with them
+                    hint = "a Flower run cannot resume; start it again with --force"
+                err_console.print(f"interrupted after round {done}; {hint}", highlight=False)
+                raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    if summary.get("status") == "diverged":
+        err_console.print(
+            f"[bold red]diverged:[/] {summary['diverged']}; run directory: {out}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=EXIT_DIVERGED)
     print_summary(summary, out)
 
 
@@ -228,11 +276,8 @@ def info(
     from protofed.algorithms import algorithm_class
     from protofed.algorithms.common.ala import ALA_KEY, AlaParams, supports_ala
 
-    try:
+    with user_errors():
         cls = algorithm_class(name)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
     console.print(f"[bold]{cls.name}[/]: {cls.summary}", highlight=False)
     if cls.reference:
         console.print(f"reference: {cls.reference}", highlight=False)
@@ -281,11 +326,8 @@ def report(
     """Compare finished runs: a table printed, and written as Markdown and CSV."""
     from protofed.report import collect, format_value, to_csv, to_markdown
 
-    try:
+    with user_errors():
         rows = collect(dirs, which)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
     table = Table(title=f"{which} round: % mean over clients (± std across clients)")
     for col in (
         "run",
@@ -329,12 +371,9 @@ def partition(
     """Print the clients x classes count matrix of a config's partition (no training)."""
     from protofed.data import build_federated
 
-    try:
+    with user_errors():
         cfg = _config(config, set_, data_dir)
         fed = build_federated(cfg.data, cfg.seed)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
     console.print(fed.counts_table(), highlight=False)
 
 
@@ -404,17 +443,16 @@ def data_fetch(
 
     root = _data_root(data_dir)
     try:
-        for name in names:
-            if name not in catalog.COMPOSITE:  # every name checked before any download
-                catalog.source(name)
-        for name in names:
-            written = catalog.fetch(name, root, raw_dir=raw, force=force)
-            console.print(f"{name}: ready ({_megabytes(written)} in {root})", highlight=False)
-    except ConfigError as exc:
-        _fail(str(exc))
+        with user_errors(), terminate_as_interrupt():
+            for name in names:
+                if name not in catalog.COMPOSITE:  # every name checked before any download
+                    catalog.source(name)
+            for name in names:
+                written = catalog.fetch(name, root, raw_dir=raw, force=force)
+                console.print(f"{name}: ready ({_megabytes(written)} in {root})", highlight=False)
     except KeyboardInterrupt:
         err_console.print("interrupted; run the same command again to resume the download")
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
 
 
 @data_app.command("info")
@@ -491,16 +529,13 @@ def export(
     data_dir: DataDir = None,
 ) -> None:
     """Write each client's train/val/test data to OUT/client_<i>.npz (same split as any run)."""
-    try:
+    with user_errors():
         from protofed.flower import require_flower
 
         require_flower()
         from protofed.flower.partitions import export_partitions
 
         paths = export_partitions(_config(config, set_, data_dir), out)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
     console.print(
         f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
         highlight=False,

@@ -20,7 +20,8 @@ from protofed.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `-s train.lr=.inf` is a config error, not a diverged run
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DynamicConfig(_Section):
@@ -176,6 +177,11 @@ class TrainConfig(_Section):
         True,
         description="Plain SGD without autograd where it is exactly the same (training/fused.py).",
     )
+    on_nonfinite: Literal["stop", "drop"] = Field(
+        "stop",
+        description="A reply with NaN or inf: stop the run (status diverged, exit code 3) or "
+        "drop the reply (counted in the summary).",
+    )
 
 
 class EvalConfig(_Section):
@@ -269,8 +275,10 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}")
     try:
         raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections")
     return raw

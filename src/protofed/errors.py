@@ -8,3 +8,8 @@ traceback.
 
 class ConfigError(ValueError):
     """A problem in the user's input: config, data file, or command line."""
+
+
+class RunStopped(RuntimeError):
+    """A run that cannot go on for a reason outside protofed's code: a Flower round without
+    enough replies, nodes that are gone. The CLI prints it on one line (exit code 2)."""

@@ -1,18 +1,24 @@
 """The run directory: everything a finished or killed run leaves behind.
 
     config.yaml      the resolved config (what `--resume` re-reads)
+    run.json         the engine that runs it and the protofed version that created it
     partition.json   per-client split sizes and the clients x classes count matrix
     partition.txt    the same matrix, readable
     metrics.jsonl    one line per evaluated round, per-client values included
-    checkpoint.pt    the latest round's server and client states (tensors only)
+    checkpoint.pt    the latest round's server and client states (tensors only), with the
+                     fingerprint of the config, data and version, and the length and sha256
+                     of metrics.jsonl at that round
     summary.json     written last: the run is complete when it exists
+    .lock            held (flock) by the one process writing the directory
 
-Files are written to a temporary name and renamed, so a kill never leaves half a file.
+Files are written whole or not at all (`core.files.atomic_write`: fsync, rename, fsync).
 Checkpoints hold only tensors, numbers and strings and load with `weights_only=True`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -22,10 +28,19 @@ from typing import Any
 import torch
 import yaml
 
+from protofed.core.files import atomic_write, atomic_write_text, writing
 from protofed.errors import ConfigError
+
+try:  # POSIX; elsewhere a run directory is not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 CONFIG, PARTITION, PARTITION_TXT = "config.yaml", "partition.json", "partition.txt"
 METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
+RUN, LOCK = "run.json", ".lock"
+FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY)
+CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
 
 
 def strict_json(obj: Any) -> Any:
@@ -39,15 +54,12 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._lock_fd: int | None = None
+        self._metrics = hashlib.sha256()  # of metrics.jsonl as this process wrote it
+        self._metrics_bytes = 0
 
     # creation / opening -----------------------------------------------------------------
     @classmethod
@@ -58,56 +70,160 @@ class RunDir:
         partition: dict,
         partition_txt: str,
         overwrite: bool = False,
+        engine: str = "builtin",
     ) -> RunDir:
+        """A new run directory, locked by this process; on any failure nothing is left."""
         run = cls(path)
-        if run.path.exists() and any(run.path.iterdir()):
-            if not overwrite:
-                raise ConfigError(
-                    f"run directory {run.path} already exists and is not empty "
-                    "(use --resume to continue it, --force to overwrite, or another --out)"
-                )
-            for name in (CONFIG, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY):
-                (run.path / name).unlink(missing_ok=True)
-        run.path.mkdir(parents=True, exist_ok=True)
-        run.write_text(PARTITION_TXT, partition_txt)
-        run.write_json(PARTITION, partition)
-        run.write_text(METRICS, "")
-        run.write_text(CONFIG, yaml.safe_dump(config, sort_keys=False))  # last: marks a valid run
+        if run.path.exists() and not run.path.is_dir():
+            raise ConfigError(f"--out {run.path} is a file, not a directory")
+        existing = [p for p in run.path.iterdir() if p.name != LOCK] if run.path.is_dir() else []
+        if existing and not overwrite:
+            raise ConfigError(
+                f"run directory {run.path} already exists and is not empty "
+                "(use --resume to continue it, --force to overwrite, or another --out)"
+            )
+        created = not run.path.exists()
+        with writing(run.path):
+            run.path.mkdir(parents=True, exist_ok=True)
+        run.lock()  # before anything is removed: another process's run is never touched
+        try:
+            for name in FILES:
+                with writing(run.path / name):
+                    (run.path / name).unlink(missing_ok=True)
+            run.write_text(PARTITION_TXT, partition_txt)
+            run.write_json(PARTITION, partition)
+            run.write_json(RUN, {"engine": engine, "protofed": protofed_version()})
+            run.write_text(METRICS, "")
+            run.write_text(CONFIG, yaml.safe_dump(config, sort_keys=False))  # last: a valid run
+        except BaseException:
+            for name in FILES:
+                with contextlib.suppress(OSError):
+                    (run.path / name).unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):
+                    (run.path / LOCK).unlink()
+                    run.path.rmdir()
+            run.unlock()
+            raise
         return run
 
     @classmethod
-    def open(cls, path: str | Path) -> RunDir:
+    def open(cls, path: str | Path, lock: bool = False) -> RunDir:
+        """An existing run directory; `lock`: this process is going to write it."""
         run = cls(path)
         if not (run.path / CONFIG).is_file():
             raise ConfigError(f"{run.path} is not a run directory (no {CONFIG})")
+        if lock:
+            run.lock()
         return run
+
+    def lock(self) -> None:
+        """Hold the directory for this process: a second writer gets a one-line error."""
+        if fcntl is None or self._lock_fd is not None:
+            return
+        path = self.path / LOCK
+        with writing(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"run directory {self.path} is in use by another process (pid {holder})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     # plain files ------------------------------------------------------------------------
     def write_text(self, name: str, text: str) -> None:
-        _atomic_write(self.path / name, lambda p: p.write_text(text))
+        atomic_write_text(self.path / name, text)
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
 
     def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        path = self.path / name
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not readable JSON ({type(exc).__name__})") from None
 
     def config(self) -> dict:
-        return yaml.safe_load((self.path / CONFIG).read_text())
+        path = self.path / CONFIG
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: not a config (a mapping of sections expected)")
+        return raw
+
+    def info(self) -> dict:
+        """run.json (an empty mapping for runs made before it existed)."""
+        return self.read_json(RUN) if (self.path / RUN).is_file() else {}
 
     # metrics ----------------------------------------------------------------------------
     def append_metrics(self, record: dict) -> None:
-        with open(self.path / METRICS, "a") as f:
-            f.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
+        line = (json.dumps(strict_json(record), allow_nan=False) + "\n").encode()
+        path = self.path / METRICS
+        with writing(path), open(path, "ab") as f:
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
+        self._metrics.update(line)
+        self._metrics_bytes += len(line)
+
+    def metrics_position(self) -> dict:
+        """What the checkpoint records of metrics.jsonl: its length and sha256 so far."""
+        return {"bytes": self._metrics_bytes, "sha256": self._metrics.hexdigest()}
+
+    def restore_metrics(self, position: dict, server_round: int) -> list[dict]:
+        """The records up to the checkpoint, checked byte for byte; a torn tail is cut.
+
+        Records the checkpoint covers must be exactly as written (an edited or corrupted line
+        is an error and nothing is rewritten); lines after them (a round that was running
+        when the process died, maybe cut mid-line) are dropped and recomputed.
+        """
+        path = self.path / METRICS
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        size = int(position["bytes"])
+        prefix = data[:size]
+        if len(prefix) < size or hashlib.sha256(prefix).hexdigest() != position["sha256"]:
+            raise ConfigError(
+                f"{path}: the records up to round {server_round} differ from what the "
+                "checkpoint recorded (edited, truncated or corrupted); nothing was changed. "
+                "Start the run again with --force"
+            )
+        if len(data) > size:
+            self.write_bytes(METRICS, prefix)
+        self._metrics = hashlib.sha256(prefix)
+        self._metrics_bytes = size
+        return [json.loads(line) for line in prefix.decode().splitlines() if line.strip()]
+
+    def reset_metrics(self) -> None:
+        self.write_text(METRICS, "")
+        self._metrics, self._metrics_bytes = hashlib.sha256(), 0
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        atomic_write(self.path / name, lambda handle: handle.write(data))
 
     def history(self, up_to_round: int | None = None) -> list[dict]:
+        """The records of metrics.jsonl (for reading: a torn last line is left out)."""
         path = self.path / METRICS
         if not path.exists():
             return []
         records = []
-        for line in path.read_text().splitlines():
+        for line in path.read_text(errors="replace").splitlines():
             if not line.strip():
                 continue
             try:
@@ -119,22 +235,40 @@ class RunDir:
             records.append(rec)
         return records
 
-    def truncate_metrics(self, up_to_round: int) -> list[dict]:
-        """Drop records after the checkpointed round (a resumed run recomputes them)."""
-        records = self.history(up_to_round)
-        self.write_text(METRICS, "".join(json.dumps(r) + "\n" for r in records))
-        return records
-
     # checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, state: dict) -> None:
-        _atomic_write(self.path / CHECKPOINT, lambda p: torch.save(state, p))
+        atomic_write(self.path / CHECKPOINT, lambda handle: torch.save(state, handle))
 
     def load_checkpoint(self, map_location: str | None = None) -> dict | None:
+        """The checkpoint, or None; an unreadable or foreign file is a one-line error."""
         path = self.path / CHECKPOINT
         if not path.exists():
             return None
-        return torch.load(path, weights_only=True, map_location=map_location)
+        try:
+            ckpt = torch.load(path, weights_only=True, map_location=map_location)
+        except Exception as exc:  # torch raises many types for a damaged file
+            raise ConfigError(
+                f"{path}: not a readable checkpoint ({type(exc).__name__}: the file is "
+                "corrupt or truncated); start the run again with --force"
+            ) from None
+        missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+        if missing:
+            raise ConfigError(
+                f"{path}: not a checkpoint of this protofed version (no '{missing[0]}'); "
+                "start the run again with --force"
+            )
+        return ckpt
 
     @property
     def complete(self) -> bool:
         return (self.path / SUMMARY).exists()
+
+
+def protofed_version() -> str:
+    """The installed protofed's version (recorded in run.json and every checkpoint)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("protofed")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"

@@ -52,7 +52,7 @@ __all__ += ["Reply"]
 class Hyperparams(BaseModel):
     """Base of every algorithm's typed hyperparameters: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,9 @@ import bz2
 import gzip
 import io
 import json
-import os
 import pickle
 import re
 import tarfile
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,47 +26,24 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from protofed.core.files import atomic_write, atomic_write_bytes
 from protofed.errors import ConfigError
 
 # --------------------------------------------------------------------------- shared helpers
 
 
 def save_npz(path: Path, **arrays: Any) -> Path:
-    """np.savez_compressed through a temporary in the same folder, then an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez_compressed(handle, **{k: np.asarray(v) for k, v in arrays.items()})
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """np.savez_compressed, written atomically (`core.files.atomic_write`)."""
+    return atomic_write(
+        path,
+        lambda handle: np.savez_compressed(handle, **{k: np.asarray(v) for k, v in arrays.items()}),
+    )
 
 
 def save_csv(path: Path, frame: pd.DataFrame) -> Path:
     buffer = io.StringIO()
     frame.to_csv(buffer, index=False)
-    return save_bytes(path, buffer.getvalue().encode())
-
-
-def save_bytes(path: Path, data: bytes) -> Path:
-    """Write through a temporary in the same folder, then an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_bytes(path, buffer.getvalue().encode())
 
 
 def _need(raw: Path, name: str) -> Path:
@@ -329,7 +304,10 @@ def convert_wisdm_features(raw: Path, root: Path) -> list[Path]:
     archive = _wisdm_tar(raw)
     frame = parse_arff(_tar_member(archive, "_transformed.arff").decode("latin1"))
     out = [save_csv(root / "har" / "wisdm_features.csv", frame)]
-    return [*out, save_bytes(root / "har" / "wisdm_readme.txt", _tar_member(archive, "readme.txt"))]
+    return [
+        *out,
+        atomic_write_bytes(root / "har" / "wisdm_readme.txt", _tar_member(archive, "readme.txt")),
+    ]
 
 
 # --------------------------------------------------------------------------- HHAR

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from protofed.core.files import atomic_write_text
 from protofed.errors import ConfigError
 
 CHECKSUMS = "checksums.json"
@@ -144,22 +144,7 @@ def read_checksums(folder: Path) -> dict[str, str]:
 def _record_checksum(folder: Path, filename: str, digest: str) -> None:
     recorded = read_checksums(folder)
     recorded[filename] = digest
-    write_atomic(folder / CHECKSUMS, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary in the same folder, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(folder / CHECKSUMS, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
 
 
 def expected_hash(remote: Remote, folder: Path) -> str | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,17 +73,30 @@ def _first_present(cfg: DataConfig, name: str, *relpaths: str) -> Path:
 def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray]:
     """Read the named arrays from an npz without pickle; a missing array names array and file."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy renamed .npz
+            raise ConfigError(f"{path}: a single .npy array, not an .npz archive of named arrays")
+        with loaded as npz:
             missing = [k for k in keys if k not in npz.files]
             if missing:
                 raise ConfigError(
                     f"{path}: array '{missing[0]}' not found (the file has: {', '.join(npz.files)})"
                 )
             return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"{path}: not a readable .npz file ({exc})") from None
+        if "pickled" in str(exc):  # numpy's message would suggest allow_pickle=True
+            raise ConfigError(
+                f"{path}: holds pickled (object) arrays, which protofed never loads; "
+                "save plain numeric arrays"
+            ) from None
+        raise ConfigError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
@@ -678,6 +693,8 @@ def _arrays_from_table(
         ) from None
     except pd.errors.EmptyDataError:
         raise ConfigError(f"{path}: the file is empty (shape (0, 0))") from None
+    except (ValueError, OSError) as exc:  # a ragged row, bytes that are not UTF-8, bad parquet
+        raise ConfigError(f"{path}: not a readable table ({_first_line(exc)})") from None
     if len(frame) == 0:
         raise ConfigError(f"{path}: the table has no rows (shape {frame.shape})")
     label, group_col = cfg.label_column, cfg.group_column
@@ -732,7 +749,8 @@ def _load_arrays(cfg: DataConfig) -> Dataset:
         raise ConfigError(f"{path}: labels contain NaN or inf")
     codes, class_names = _encode(y)
     groups, group_names = (None, None) if group is None else _encode(group, group_label)
-    X = np.ascontiguousarray(X, dtype=np.float32)
+    with np.errstate(over="ignore"):  # an overflow becomes inf: refused by load_dataset
+        X = np.ascontiguousarray(X, dtype=np.float32)
     if kind == "image":
         X = _resize(X, cfg.image_size)
     return Dataset(
@@ -895,4 +913,16 @@ def load_dataset(cfg: DataConfig) -> Dataset:
         raise ConfigError(
             f"data.name: unknown data set '{cfg.name}'{hint} (valid: {', '.join(DATASETS)})"
         )
-    return info.loader(cfg)
+    try:
+        ds = info.loader(cfg)
+    except ConfigError:
+        raise
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+        # a damaged file under the data root (truncated, bit-flipped, renamed, empty)
+        where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+        raise ConfigError(
+            f"data.name={cfg.name}: {where}cannot read its files ({_first_line(exc)}); "
+            f"fetch them again with protofed data fetch {cfg.name} --force"
+        ) from None
+    _finite(ds.X, f"data.name={cfg.name}: the features after the cast to {ds.X.dtype}")
+    return ds

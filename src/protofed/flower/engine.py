@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,7 +43,7 @@ from protofed.config import ExperimentConfig
 from protofed.core.types import MODEL, Arrays, Records, Reply, nbytes
 from protofed.data.federated import SPLITS, ClientData, FederatedData
 from protofed.data.sources import data_root
-from protofed.errors import ConfigError
+from protofed.errors import ConfigError, RunStopped
 from protofed.evaluation import scores_from_counts, summarize
 from protofed.flower import wire
 from protofed.flower.validation import Rejected, ReplyValidator
@@ -66,6 +67,32 @@ FLOWER_ENV = {
 }
 
 
+STOP = threading.Event()
+"""Set when the process is interrupted: the ServerApp thread's waits end within a poll."""
+
+
+def exchange(grid: Grid, messages: list[Message], timeout_s: float | None) -> list[Message]:
+    """`grid.send_and_receive` that also ends when `STOP` is set (Ctrl-C, SIGTERM).
+
+    Flower runs the ServerApp in a thread of its own that waits for replies; after the main
+    thread is interrupted no reply comes, and without this the process would wait forever.
+    """
+    ids = set(grid.push_messages(messages))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    replies: list[Message] = []
+    while ids:
+        if STOP.is_set():
+            raise RunStopped("interrupted")
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        got = list(grid.pull_messages(ids))
+        replies += got
+        ids.difference_update(m.metadata.reply_to_message_id for m in got)
+        if ids:
+            time.sleep(0.05)
+    return replies
+
+
 def discover(
     grid: Grid,
     config_json: str,
@@ -82,6 +109,8 @@ def discover(
     deadline = time.monotonic() + wait_s
     nodes = list(grid.get_node_ids())
     while len(nodes) < expected and time.monotonic() < deadline:
+        if STOP.is_set():
+            raise RunStopped("interrupted")
         time.sleep(0.5)
         nodes = list(grid.get_node_ids())
     if len(nodes) < expected:
@@ -94,7 +123,7 @@ def discover(
     ]
     node_of: dict[int, int] = {}
     infos: dict[int, dict] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout_s):
+    for reply in exchange(grid, messages, timeout_s):
         node = reply.metadata.src_node_id
         if reply.has_error():
             log.warning("node %s is left out: %s", node, reply.error.reason)
@@ -107,7 +136,7 @@ def discover(
     return node_of, infos
 
 
-class RoundFailed(RuntimeError):
+class RoundFailed(RunStopped):
     """Fewer valid replies than `flower.min_replies`: the round cannot be aggregated."""
 
 
@@ -158,6 +187,11 @@ class FlowerTransport:
         self.node_of: dict[int, int] = {}  # client id -> Flower node id
         self.validator = ReplyValidator.for_model(prepared.model.state_dict())
         self.rejected: list[dict] = []  # {"round", "client", "reason"}
+        # what the server knows of each client's training set (its data in simulation, the
+        # partition headers in deployment): a reply may not claim more examples
+        self.train_sizes: dict[int, int] = {
+            i: len(c.train_y) for i, c in enumerate(prepared.fed.clients)
+        }
         self.startup_s = 0.0  # Flower's start-up and the node discovery, before round 1
 
     def attach(self, grid: Grid, node_of: dict[int, int]) -> None:
@@ -172,7 +206,7 @@ class FlowerTransport:
             for cid, content in contents.items()
         ]
         client_of = {node: cid for cid, node in self.node_of.items()}
-        replies = self.grid.send_and_receive(messages, timeout=self.cfg.flower.timeout_s)
+        replies = exchange(self.grid, messages, self.cfg.flower.timeout_s)
         return {client_of[r.metadata.src_node_id]: r for r in replies}
 
     def content(
@@ -225,6 +259,12 @@ class FlowerTransport:
                 records = wire.from_records(answer.content, self.cfg.train.device)
                 metrics = wire.from_metrics(answer.content.metric_records[wire.METRICS])
                 examples = metrics.pop(wire.NUM_EXAMPLES)
+                known = self.train_sizes.get(cid)
+                if known is not None and examples > known:
+                    raise ValueError(
+                        f"num_examples {examples:g} exceeds the {known} training samples "
+                        "the server knows the client has"
+                    )
             except (ValueError, KeyError) as err:
                 rejected.append(Rejected(cid, str(err).strip("'\"")))
                 continue
@@ -355,7 +395,7 @@ def run_simulations(
                     node_of = {c: node for c, node in node_of.items() if c < n}
                     missing = sorted(set(range(n)) - set(node_of))
                     if missing:
-                        raise RuntimeError(f"clients {missing[:5]} have no node")
+                        raise RunStopped(f"clients {missing[:5]} have no node")
                     transport.attach(grid, node_of)
                     transport.startup_s = time.perf_counter() - (
                         t_session if not results else t_loop
@@ -376,6 +416,7 @@ def run_simulations(
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)
     t_session = time.perf_counter()
+    STOP.clear()
     try:
         run_simulation(
             server_app=server_app,
@@ -383,15 +424,19 @@ def run_simulations(
             num_supernodes=max(loop.num_clients for loop in loops),
             backend_config=backend,
         )
+    except BaseException:  # Ctrl-C, SIGTERM: end the ServerApp thread's wait, then its Ray
+        STOP.set()
+        raise
     finally:
         flwr_logger.setLevel(level)
-        _, alive = psutil.wait_procs(spawned, timeout=30)
+        spawned.extend(psutil.Process().children(recursive=True))  # if the thread is not done
+        _, alive = psutil.wait_procs(set(spawned), timeout=5 if STOP.is_set() else 30)
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         psutil.wait_procs(alive, timeout=10)
     if len(results) != len(loops):
-        raise RuntimeError("the Flower simulation ended early (see the log above)")
+        raise RunStopped("the Flower simulation ended early (see the log above)")
     return results
 
 
@@ -414,6 +459,7 @@ def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Ro
         prepared.fed.summary(),
         prepared.fed.counts_table(),
         overwrite=overwrite,
+        engine=loop.transport.name,
     )
     return loop
 
@@ -556,6 +602,7 @@ def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tupl
     }
     prepared = Prepared(cfg, fed, model, algorithm)
     transport = FlowerTransport(prepared, wire.config_json(cfg), "flower-deployment")
+    transport.train_sizes = {c: int(headers[c]["entry"]["train"]) for c in present}
     transport.attach(grid, {c: node_of[c] for c in present})
     loop = RoundLoop(
         prepared,

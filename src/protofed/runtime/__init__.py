@@ -1,7 +1,8 @@
 """Running experiments: preparation, the round loop, its transports and evaluation modes.
 
 prepare.py   config -> data, model, algorithm (every config error before any file)
-loop.py      RoundLoop: sample, send, aggregate, evaluate, record, checkpoint
+loop.py      RoundLoop: sample, send, aggregate, evaluate, record, checkpoint; Diverged
+fingerprint.py  what a checkpoint must match to be resumed
 local.py     InProcessTransport: clients trained here or in worker processes
 parallel.py  WorkerPool: forked single-threaded workers
 scoring.py   ServerSideEvaluation: scores on the server's copy of every client's data
@@ -11,12 +12,13 @@ engine.py    simulate / start / resume: the built-in engine and its run director
 
 from protofed.runtime.engine import resume, simulate, start
 from protofed.runtime.local import InProcessTransport, fit_client, run_fit
-from protofed.runtime.loop import Evaluation, Progress, RoundLoop, Transport
+from protofed.runtime.loop import Diverged, Evaluation, Progress, RoundLoop, Transport
 from protofed.runtime.prepare import POOLED, Prepared, build_model_and_algorithm, prepare
 from protofed.runtime.scoring import ServerSideEvaluation
 
 __all__ = [
     "POOLED",
+    "Diverged",
     "Evaluation",
     "InProcessTransport",
     "Prepared",

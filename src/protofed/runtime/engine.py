@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 from protofed.config import ExperimentConfig, build_config
+from protofed.errors import ConfigError
 from protofed.runs import RunDir
+from protofed.runtime.fingerprint import check_fingerprint, fingerprint
 from protofed.runtime.local import InProcessTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.prepare import Prepared, prepare, with_data_root
@@ -37,18 +39,36 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
 
     The data are read from `data_dir` when given, else from $PROTOFED_DATA when set, else
     from the absolute data.dir the run recorded (a run moved to another machine finds its
-    data through either of the first two).
+    data through either of the first two). The run must be what the checkpoint recorded:
+    the same config (execution keys aside), data and protofed version, and metrics.jsonl
+    intact up to the checkpoint's round; anything else is a one-line error and nothing is
+    written. The directory is locked for the resumed run.
     """
     run = RunDir.open(path)
+    engine = run.info().get("engine", "builtin")
+    if engine != "builtin":
+        raise ConfigError(
+            f"{run.path} was run on the {engine} engine, whose client states live with the "
+            "clients: it cannot resume (start it again with --force)"
+        )
     cfg = build_config(run.config())
     data_dir = data_dir if data_dir is not None else os.environ.get("PROTOFED_DATA") or None
     if data_dir is not None:
         cfg = with_data_root(cfg, Path(data_dir).expanduser().absolute())
-    loop = simulate(prepare(cfg), run)
-    ckpt = run.load_checkpoint(map_location=cfg.train.device)
-    if ckpt is not None:
+    prepared = prepare(cfg)
+    run.lock()
+    loop = simulate(prepared, run)
+    try:
+        ckpt = run.load_checkpoint(map_location=cfg.train.device)
+        if ckpt is None:  # killed before its first checkpoint: start again
+            run.reset_metrics()
+            return loop
+        server_round = int(ckpt["progress"]["server_round"])
+        check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
+        loop.history = run.restore_metrics(ckpt["metrics"], server_round)
         loop.restore(ckpt)
-        loop.history = run.truncate_metrics(loop.progress.server_round)
-    else:
-        run.truncate_metrics(0)
+    except BaseException:
+        loop.transport.close()
+        run.unlock()
+        raise
     return loop

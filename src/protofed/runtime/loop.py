@@ -11,17 +11,37 @@ timing, the history and the summary; the transport owns where clients run and th
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+import torch
+
 from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
 from protofed.evaluation import select_round
 from protofed.runs import RunDir, strict_json
+from protofed.runtime.fingerprint import fingerprint
 from protofed.runtime.prepare import POOLED, Prepared
+
+log = logging.getLogger("protofed")
+
+
+class Diverged(Exception):
+    """A reply or the server state holds NaN or infinity: the run cannot go on."""
+
+
+def nonfinite(records: Records) -> str | None:
+    """The name of the first floating array holding NaN or infinity, or None."""
+    for record, arrays in records.items():
+        for name, tensor in arrays.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return f"{record}/{name}"
+    return None
+
 
 OnRound = Callable[[int, dict, "dict | None"], None]
 """Called after every round with (round, the round's info, its metrics record or None)."""
@@ -61,6 +81,7 @@ class Progress:
     eval_s: float = 0.0
     aggregate_s: float = 0.0
     client_updates: int = 0
+    dropped_nonfinite: int = 0  # replies dropped for NaN/inf (train.on_nonfinite=drop)
 
 
 class RoundLoop:
@@ -91,6 +112,7 @@ class RoundLoop:
         self.server: Records = self.algorithm.init_server()
         self.progress = Progress()
         self.history: list[dict] = []
+        self._fingerprint: dict | None = None
 
     # state ------------------------------------------------------------------------------
     @property
@@ -114,16 +136,21 @@ class RoundLoop:
 
     def checkpoint(self) -> dict:
         assert self.transport.states is not None, "the transport keeps no client states"
+        assert self.run_dir is not None, "a checkpoint belongs to a run directory"
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.prepared)
         return {
             "progress": asdict(self.progress),
             "server": self.server,
             "clients": {str(i): s for i, s in self.transport.states.items()},
+            "fingerprint": self._fingerprint,
+            "metrics": self.run_dir.metrics_position(),
         }
 
     def restore(self, ckpt: dict) -> None:
         assert self.transport.states is not None, "the transport keeps no client states"
         prog = ckpt["progress"]
-        self.progress = Progress(**{k: prog[k] for k in asdict(Progress())})
+        self.progress = Progress(**{k: prog[k] for k in asdict(Progress()) if k in prog})
         self.server = ckpt["server"]
         self.transport.states.clear()
         self.transport.states.update({int(i): s for i, s in ckpt["clients"].items()})
@@ -140,25 +167,47 @@ class RoundLoop:
         timer = {"train": 0.0}
         losses: list[tuple[float, float]] = []
 
+        drop = self.cfg.train.on_nonfinite == "drop"
+
         def replies() -> Iterator[Reply]:
             """The replies as the aggregation consumes them; the time to get each is training."""
             t0 = time.perf_counter()
+            accepted = 0
             for reply, down in self.transport.fit(self.server, server_round, clients):
                 if reply.client != POOLED:  # the pooled reference client sends nothing
                     self.progress.down_bytes += down
                     self.progress.up_bytes += nbytes(reply.records)
                 self.progress.client_updates += 1
+                timer["train"] += time.perf_counter() - t0
+                bad = nonfinite(reply.records)
+                if bad is None and not all(map(math.isfinite, reply.metrics.values())):
+                    bad = "its metrics"
+                if bad is not None:
+                    what = f"round {server_round}: client {reply.client}'s reply has NaN or inf in {bad}"
+                    if not drop:
+                        raise Diverged(f"{what} (train.on_nonfinite=drop leaves such replies out)")
+                    log.warning("%s: left out of the round", what)
+                    self.progress.dropped_nonfinite += 1
+                    t0 = time.perf_counter()
+                    continue
+                accepted += 1
                 if "loss" in reply.metrics:
                     losses.append((reply.metrics["loss"], reply.num_examples))
-                timer["train"] += time.perf_counter() - t0
                 yield reply
                 t0 = time.perf_counter()
+            if accepted == 0 and clients:
+                raise Diverged(f"round {server_round}: every reply had NaN or inf values")
 
         t0 = time.perf_counter()
         stream = replies()
         result = self.algorithm.aggregate(self.server, stream, server_round)
         for _ in stream:  # every sampled client trains, even if aggregate stopped reading
             pass
+        bad = nonfinite(result.server)
+        if bad is not None:
+            raise Diverged(
+                f"round {server_round}: the aggregated server state has NaN or inf in {bad}"
+            )
         self.server = result.server
         elapsed = time.perf_counter() - t0
         self.progress.train_s += timer["train"]
@@ -207,11 +256,17 @@ class RoundLoop:
 
     # the loop ---------------------------------------------------------------------------
     def run(self, on_round: OnRound | None = None) -> dict:
-        """Every remaining round, then the summary (written to the run directory, if any)."""
+        """Every remaining round, then the summary (written to the run directory, if any).
+
+        A run that diverges (NaN or infinity in a reply or the server state) stops at once;
+        its summary has `status: diverged` and the reason.
+        """
         try:
             return self._rounds(on_round)
         finally:
             self.transport.close()
+            if self.run_dir is not None:
+                self.run_dir.unlock()
 
     def _rounds(self, on_round: OnRound | None) -> dict:
         cfg = self.cfg
@@ -219,7 +274,10 @@ class RoundLoop:
         p = self.progress
         total_before = p.train_s + p.eval_s + p.aggregate_s
         for r in range(self.progress.server_round + 1, cfg.train.rounds + 1):
-            info = self.run_round(r)
+            try:
+                info = self.run_round(r)
+            except Diverged as exc:
+                return self.finish(total_before + time.perf_counter() - t_start, str(exc))
             record = None
             if r % cfg.eval.every == 0 or r == cfg.train.rounds:
                 record = self.record(r, info, self.evaluate(r))
@@ -234,26 +292,46 @@ class RoundLoop:
                 self.run_dir.save_checkpoint(self.checkpoint())
             if on_round is not None:
                 on_round(r, info, record)
-        summary = self.summary(total_before + time.perf_counter() - t_start)
+        return self.finish(total_before + time.perf_counter() - t_start)
+
+    def finish(self, total_s: float, diverged: str | None = None) -> dict:
+        """The summary, written to the run directory (if any)."""
+        summary = self.summary(total_s, diverged)
         if self.run_dir is not None:
             self.run_dir.write_json("summary.json", summary)
         return summary
 
-    def summary(self, total_s: float) -> dict:
+    def summary(self, total_s: float, diverged: str | None = None) -> dict:
+        """`diverged`: why the run stopped early (status "diverged"), else None ("complete")."""
         cfg = self.cfg
-        if not self.history:
+        if not self.history and diverged is None:
             raise RuntimeError("no round was evaluated")
-        final = self.history[-1]
-        chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
         p = self.progress
         rounds = p.server_round
 
         def scores(rec: dict) -> dict:
             return {k: rec[k] for k in ("personalization", "generalization", "global")}
 
-        server_metrics: Metrics = final.get("server") or {}
+        def final_and_selected() -> dict:
+            if not self.history:
+                return {"final": None, "selected": None}
+            final = self.history[-1]
+            chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
+            server_metrics: Metrics = final.get("server") or {}
+            return {
+                "final": {"round": final["round"], **scores(final), "server": server_metrics},
+                "selected": {
+                    "round": chosen["round"],
+                    "rule": cfg.eval.selection,
+                    **scores(chosen),
+                    "server": chosen.get("server") or {},
+                },
+            }
+
         warnings = self.chance_warnings()
         return {
+            "status": "complete" if diverged is None else "diverged",
+            **({"diverged": diverged} if diverged is not None else {}),
             "algorithm": self.algorithm.name,  # "fedavg+ala" when the ALA plug-in is on
             "dataset": cfg.data.name,
             "model": cfg.model.name,
@@ -261,13 +339,7 @@ class RoundLoop:
             "num_clients": self.num_clients,
             "seed": cfg.seed,
             "rounds": rounds,
-            "final": {"round": final["round"], **scores(final), "server": server_metrics},
-            "selected": {
-                "round": chosen["round"],
-                "rule": cfg.eval.selection,
-                **scores(chosen),
-                "server": chosen.get("server") or {},
-            },
+            **final_and_selected(),
             "comm": {
                 "up_bytes": p.up_bytes,
                 "down_bytes": p.down_bytes,
@@ -283,6 +355,7 @@ class RoundLoop:
                 "client_updates_per_s": p.client_updates / max(p.train_s, 1e-9),
             },
             **({"warnings": warnings} if warnings else {}),
+            **({"dropped_nonfinite": p.dropped_nonfinite} if p.dropped_nonfinite else {}),
             **(self.summary_extra() if self.summary_extra is not None else {}),
         }
 

@@ -1,0 +1,71 @@
+"""Files written whole or not at all, and write faults as one-line errors.
+
+Every file protofed writes (run directories, converted data, checksums) goes through
+`atomic_write`: a temporary in the same folder, flushed and fsynced, renamed over the target,
+then the folder fsynced, so neither a kill nor a power cut leaves half a file under the real
+name. A full or read-only disk is the user's to fix: it becomes a `ConfigError` naming the
+file, and the temporary is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from protofed.errors import ConfigError
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (a no-op where folders cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_fault(path: Path, exc: OSError) -> ConfigError:
+    """A write that failed for a reason outside protofed (disk full, read-only, permission)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return ConfigError(f"cannot write {path}: {reason}")
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError raised while writing `path` into a one-line `ConfigError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_fault(path, exc) from None
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write `path` through `write(handle)`: complete and durable, or untouched."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())

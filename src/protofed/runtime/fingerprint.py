@@ -1,0 +1,63 @@
+"""What a checkpoint must match to be resumed: the config, the data and protofed's version.
+
+A run directory can be edited between a kill and `--resume` (config.yaml, the data files,
+an upgrade of protofed). Continuing would then give a hybrid run under the new name, so the
+checkpoint records a fingerprint and a resume that does not match it stops, naming what
+changed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from protofed.errors import ConfigError
+from protofed.runs import protofed_version
+from protofed.runtime.prepare import Prepared
+
+EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads")
+"""Config keys that say where the data lie and how fast to run, not what is computed."""
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def fingerprint(prepared: Prepared) -> dict[str, str]:
+    """The config (execution keys left out), the data's sha256 and protofed's version."""
+    config = {k: v for k, v in flatten(prepared.cfg.to_dict()).items() if k not in EXECUTION_KEYS}
+    return {
+        "config": json.dumps(config, sort_keys=True),
+        "data": prepared.fed.fingerprint(),
+        "protofed": protofed_version(),
+    }
+
+
+def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: int) -> None:
+    """A one-line error naming what differs from the checkpoint, if anything does."""
+    changes: list[str] = []
+    if saved.get("protofed") != current["protofed"]:
+        changes.append(f"protofed {saved.get('protofed')} -> {current['protofed']}")
+    old, new = json.loads(saved.get("config", "{}")), json.loads(current["config"])
+    for key in sorted(set(old) | set(new)):
+        if old.get(key, "<unset>") != new.get(key, "<unset>"):
+            changes.append(f"{key} {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}")
+    if saved.get("data") != current["data"]:
+        changes.append("the data (its files or their partition)")
+    if changes:
+        shown = "; ".join(changes[:4]) + (
+            f"; and {len(changes) - 4} more" if len(changes) > 4 else ""
+        )
+        raise ConfigError(
+            f"{run_dir}: cannot resume, changed since the checkpoint of round {server_round}: "
+            f"{shown} (restore them, or start the run again with --force)"
+        )
