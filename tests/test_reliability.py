@@ -1,0 +1,460 @@
+"""What protofed promises when things go wrong (docs/reliability.md), one test per fault.
+
+A resume that cannot continue a different run; divergence stopped and reported; every bad
+file or failing disk a one-line error with exit code 2 and nothing half-written; SIGTERM
+and Ctrl-C that stop cleanly; a run directory one process at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from protofed.cli import app
+from protofed.config import load_config
+from protofed.core.files import atomic_write_text
+from protofed.runtime import start
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+SMALL = [
+    "data.name=digits",
+    "data.num_clients=4",
+    "model.name=mlp",
+    "model.hidden=[16]",
+    "train.rounds=4",
+    "train.lr=0.1",
+]
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for item in overrides for arg in ("-s", item)]
+
+
+def _one_error_line(result, *fragments: str) -> str:
+    """The run failed with exit code 2 on one line, no traceback, naming `fragments`."""
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2, (result.exit_code, text, result.exception)
+    assert len(text.splitlines()) == 1 and "Traceback" not in text, text
+    for fragment in fragments:
+        assert fragment in text, (fragment, text)
+    return text
+
+
+class Killed(Exception):
+    pass
+
+
+def _killed_run(path: Path, after: int = 2, *extra: str) -> Path:
+    """A run stopped by an exception right after round `after` (its checkpoint written)."""
+
+    def kill(r: int, info: dict, record: dict | None) -> None:
+        if r == after:
+            raise Killed
+
+    with pytest.raises(Killed):
+        start(load_config(None, [*SMALL, *extra]), path).run(on_round=kill)
+    return path
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+
+
+# 1. a resume that cannot lie -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("algorithm.name", "ditto", "algorithm.name 'fedavg' -> 'ditto'"),
+        ("data.num_clients", 5, "data.num_clients 4 -> 5"),
+        ("model.hidden", [32], "model.hidden [16] -> [32]"),
+    ],
+)
+def test_resume_refuses_an_edited_config(tmp_path, key, value, named):
+    run = _killed_run(tmp_path / "run")
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    section, name = key.split(".")
+    raw[section][name] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    before = _snapshot(run)
+    result = runner.invoke(app, ["run", "--resume", str(run)])
+    _one_error_line(result, "cannot resume", "round 2", named)
+    assert _snapshot(run) == before  # nothing rewritten
+
+
+def test_resume_refuses_changed_data_and_another_protofed_version(tmp_path):
+    X = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    y = np.arange(300) % 3
+    data = tmp_path / "data.npz"
+    np.savez(data, X=X, y=y)
+    run = _killed_run(tmp_path / "run", 2, "data.name=arrays", f"data.path={data}")
+    np.savez(data, X=X + 0.5, y=y)  # the same file name, other numbers
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "the data")
+    np.savez(data, X=X, y=y)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    ckpt["fingerprint"]["protofed"] = "0.0.1"
+    torch.save(ckpt, run / "checkpoint.pt")
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "protofed 0.0.1 ->")
+
+
+def test_a_corrupt_metrics_record_is_refused_and_nothing_rewritten(tmp_path):
+    run = _killed_run(tmp_path / "run", 3)
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 3
+    lines[1] = lines[1][:40] + "#" + lines[1][41:]  # one byte of round 2
+    (run / "metrics.jsonl").write_text("".join(lines))
+    before = _snapshot(run)
+    result = runner.invoke(app, ["run", "--resume", str(run)])
+    _one_error_line(result, "metrics.jsonl", "round 3", "nothing was changed")
+    assert _snapshot(run) == before
+
+
+def test_a_truncated_record_the_checkpoint_covers_is_refused(tmp_path):
+    run = _killed_run(tmp_path / "run", 3)
+    text = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(text[:-30])  # round 3's line cut: not a torn tail
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "metrics.jsonl")
+
+
+def test_a_torn_tail_beyond_the_checkpoint_is_cut_and_the_numbers_hold(tmp_path):
+    whole = runner.invoke(app, ["run", "--out", str(tmp_path / "whole"), *_sets(SMALL)])
+    assert whole.exit_code == 0, whole.output
+    run = _killed_run(tmp_path / "run", 2)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "train_loss": 0.1')  # a kill in the middle of round 3's line
+    assert runner.invoke(app, ["run", "--resume", str(run)]).exit_code == 0
+    a = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    b = json.loads((run / "summary.json").read_text())
+    assert a["final"] == b["final"] and a["selected"] == b["selected"]
+    assert [json.loads(x)["round"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+def test_a_corrupt_checkpoint_is_one_line_that_never_suggests_unpickling(tmp_path):
+    run = _killed_run(tmp_path / "run", 2)
+    data = bytearray((run / "checkpoint.pt").read_bytes())
+    (run / "checkpoint.pt").write_bytes(bytes(data[: len(data) // 2]))
+    text = _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "checkpoint.pt")
+    assert "weights_only" not in text
+
+
+def test_one_process_per_run_directory(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, **FLOWER_ENV}
+    slow = [*SMALL, "train.rounds=400"]
+    proc = subprocess.Popen(
+        [str(BIN / "protofed"), "run", "--out", str(out), "-q", *_sets(slow)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").stat().st_size:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.2)
+        busy = f"in use by another process (pid {proc.pid})"
+        _one_error_line(runner.invoke(app, ["run", "--resume", str(out)]), busy)
+        forced = runner.invoke(app, ["run", "--out", str(out), "--force", *_sets(SMALL)])
+        _one_error_line(forced, busy)
+        assert proc.poll() is None  # the running process was not disturbed
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_every_write_is_fsynced_before_its_rename(tmp_path, monkeypatch):
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync")
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    atomic_write_text(tmp_path / "f.txt", "x")
+    assert calls == ["fsync", "replace", "fsync"]  # the file, the rename, the folder
+    assert (tmp_path / "f.txt").read_text() == "x"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+# 2. divergence -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf"])
+def test_non_finite_config_values_are_config_errors(tmp_path, value):
+    result = runner.invoke(
+        app, ["run", "--out", str(tmp_path / "r"), *_sets([*SMALL, f"train.lr={value}"])]
+    )
+    _one_error_line(result, "train.lr", "finite")
+    assert not (tmp_path / "r").exists()
+
+
+def test_features_that_overflow_the_cast_to_float32_are_refused(tmp_path):
+    X = np.ones((60, 4))
+    X[7, 2] = 1e300  # finite in float64, infinite in float32
+    np.savez(tmp_path / "d.npz", X=X, y=np.arange(60) % 2)
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--out",
+            str(tmp_path / "r"),
+            *_sets(["data.name=arrays", f"data.path={tmp_path / 'd.npz'}", "train.rounds=1"]),
+        ],
+    )
+    _one_error_line(result, "float32", "NaN or inf")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_diverging_run_stops_with_its_own_status_and_exit_code(tmp_path):
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["run", "--out", str(out), *_sets([*SMALL, "train.lr=1e30"])])
+    assert result.exit_code == 3, result.output
+    assert "diverged: round 1" in result.stderr and "NaN or inf" in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["rounds"] == 0
+    assert summary["final"] is None and "round 1" in summary["diverged"]
+
+
+def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    group = np.arange(400) % 4
+    X[group == 3] *= 1e37  # finite, but one SGD step on them overflows
+    np.savez(tmp_path / "d.npz", X=X, y=y, group=group)
+    base = [
+        "data.name=arrays",
+        f"data.path={tmp_path / 'd.npz'}",
+        "data.partition=natural",
+        "data.standardize=false",
+        "train.rounds=3",
+    ]
+    stopped = runner.invoke(app, ["run", "--out", str(tmp_path / "a"), *_sets(base)])
+    assert stopped.exit_code == 3 and "client 3" in stopped.stderr
+    dropped = runner.invoke(
+        app, ["run", "--out", str(tmp_path / "b"), *_sets([*base, "train.on_nonfinite=drop"])]
+    )
+    assert dropped.exit_code == 0, dropped.output
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["dropped_nonfinite"] == 3
+    assert summary["final"]["personalization"]["acc"] > 0.5
+
+
+# 3. bad files and failing disks: one line, exit code 2, nothing half-written ---------------
+
+
+def _npz_bytes(tmp_path: Path) -> bytes:
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    np.savez(tmp_path / "real.npz", X=X[:300] / 16.0, y=y[:300])
+    return (tmp_path / "real.npz").read_bytes()
+
+
+def _csv_text() -> str:
+    from sklearn.datasets import load_wine
+
+    frame = load_wine(as_frame=True).frame
+    return frame.to_csv(index=False)
+
+
+def _bitflip(data: bytes, at: float) -> bytes:
+    out = bytearray(data)
+    out[int(at * (len(out) - 1))] ^= 0xFF
+    return bytes(out)
+
+
+FAULTY_FILES = {
+    "truncated.npz": lambda d: _npz_bytes(d)[:1000],
+    "bitflip.npz": lambda d: _bitflip(_npz_bytes(d), 0.02),  # in the zip's headers
+    "renamed.npz": lambda d: (np.save(d / "a.npy", np.zeros(3)), (d / "a.npy").read_bytes())[1],
+    "empty.npz": lambda d: b"",
+    "ragged.csv": lambda d: (
+        _csv_text() + "1,2,3\n1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16\n"
+    ).encode(),
+    "latin1.csv": lambda d: _csv_text().replace("alcohol", "alcöhol").encode("latin-1"),
+    "corrupt.parquet": lambda d: b"PAR1" + bytes(range(256)) * 4 + b"PAR1",
+    "empty.csv": lambda d: b"",
+}
+
+
+@pytest.mark.parametrize("name", list(FAULTY_FILES))
+def test_a_damaged_data_file_is_one_line(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(FAULTY_FILES[name](tmp_path))
+    out = tmp_path / "run"
+    extra = ["data.label_column=target"] if name.endswith((".csv", ".parquet")) else []
+    result = runner.invoke(
+        app,
+        ["run", "--out", str(out), *_sets(["data.name=arrays", f"data.path={path}", *extra])],
+    )
+    _one_error_line(result, name)
+    assert not out.exists()
+
+
+def test_out_on_a_file_and_on_a_read_only_place_are_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    result = runner.invoke(app, ["run", "--out", str(tmp_path / "file"), *_sets(SMALL)])
+    _one_error_line(result, "is a file")
+    assert (tmp_path / "file").read_text() == "not a directory"
+    if not os.access("/sys", os.W_OK) and Path("/sys").is_dir():  # read-only even for root
+        result = runner.invoke(app, ["run", "--out", "/sys/protofed-run", *_sets(SMALL)])
+        _one_error_line(result, "/sys/protofed-run")
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) makes the kernel fail writes past it, as a full
+    disk does: the round-1 checkpoint (about 6 kB) cannot be written."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [str(BIN / "protofed"), "run", "--out", str(out), "-q", *_sets(SMALL)],
+        env={**os.environ, **FLOWER_ENV},
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "cannot write" in err and "checkpoint.pt" in err and "File too large" in err
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary left
+    assert not (out / "summary.json").exists()
+
+
+# 4. signals -------------------------------------------------------------------------------
+
+
+def _wait_for_first_round(proc: subprocess.Popen, out: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").stat().st_size:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no round finished in time"
+        time.sleep(0.2)
+
+
+def test_sigterm_stops_a_run_resumably(tmp_path):
+    out = tmp_path / "run"
+    cmd = [str(BIN / "protofed"), "run", "-q", *_sets([*SMALL, "train.rounds=60"])]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out)],
+        env={**os.environ, **FLOWER_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for_first_round(proc, out, 60)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert f"continue with: protofed run --resume {out}" in " ".join(err.split())
+    resumed = runner.invoke(app, ["run", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    whole = runner.invoke(
+        app, ["run", "--out", str(tmp_path / "whole"), *_sets([*SMALL, "train.rounds=60"])]
+    )
+    assert whole.exit_code == 0
+    a = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    b = json.loads((out / "summary.json").read_text())
+    assert a["final"] == b["final"] and a["comm"] == b["comm"]
+
+
+def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            str(BIN / "protofed"),
+            "run",
+            "-q",
+            "--engine",
+            "flower",
+            "--out",
+            str(out),
+            *_sets([*SMALL, "train.rounds=500"]),
+        ],
+        env={**os.environ, **FLOWER_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_first_round(proc, out, 180)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert tree, "Flower's simulation started no process"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 15, "Ctrl-C took too long"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "--resume" not in err and "cannot resume" in " ".join(err.split())
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    result = runner.invoke(app, ["run", "--resume", str(out)])
+    _one_error_line(result, "flower-simulation engine", "cannot resume")
+
+
+def test_a_failed_flower_round_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            str(BIN / "protofed"),
+            "run",
+            "-q",
+            "--engine",
+            "flower",
+            "--out",
+            str(out),
+            *_sets([*SMALL, "train.rounds=2", "data.num_clients=2"]),
+        ],
+        env={**os.environ, **FLOWER_ENV, "PROTOFED_FLOWER_FAULT": "0:1,1:1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(err) == 1 and "round 1: 0 valid repl" in err[0]
+    # Flower logs the failing ClientApps' own tracebacks (the drill's); none is protofed's
+    assert proc.stderr.strip().splitlines()[-1] == err[0]
+    assert "protofed/runtime" not in proc.stderr and "protofed/cli" not in proc.stderr
