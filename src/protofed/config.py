@@ -1,7 +1,7 @@
 """The experiment config: typed, validated, and settable key by key from the command line.
 
-A config is YAML with five sections (data, model, algorithm, train, eval) plus `seed` (and
-`flower`, read only by the Flower engine). Every
+A config is YAML with six sections (data, model, algorithm, train, eval, aggregation) plus
+`seed` (and `flower`, read only by the Flower engine). Every
 key can be overridden with `-s section.key=value`; values are parsed as YAML scalars, so
 `-s train.lr=0.01` is a float and `-s data.channels=[0,1,2]` a list. Unknown keys and wrong
 types are errors that name the key. Algorithm hyperparameters live under `algorithm.` and are
@@ -213,6 +213,42 @@ class FlowerConfig(_Section):
     )
 
 
+class AggregationConfig(_Section):
+    """How the server averages model weights (docs/aggregation.md).
+
+    The default, an example-weighted mean, lets one client move the model anywhere; the
+    robust rules and the update-norm checks bound what a few bad replies can do.
+    """
+
+    rule: Literal["mean", "trimmed_mean", "median", "krum"] = Field(
+        "mean",
+        description="mean (example-weighted, streaming), or a robust rule that ignores "
+        "num_examples: coordinate-wise trimmed_mean or median, or krum.",
+    )
+    trim: float = Field(
+        0.1,
+        ge=0,
+        lt=0.5,
+        description="trimmed_mean: fraction of replies cut at each end, per coordinate "
+        "(rounded up, at least one reply left).",
+    )
+    byzantine: int = Field(
+        1, ge=0, description="krum: f, the bad replies tolerated; needs 2f+3 replies a round."
+    )
+    max_update_norm: float | None = Field(
+        None,
+        gt=0,
+        description="Drop a reply whose update (its weights minus the server's) has a larger "
+        "L2 norm; None: no bound.",
+    )
+    max_norm_ratio: float | None = Field(
+        None,
+        ge=1,
+        description="Drop a reply whose update norm exceeds this times the round's median "
+        "update norm; None: no bound.",
+    )
+
+
 class ExperimentConfig(_Section):
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
@@ -220,6 +256,7 @@ class ExperimentConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
 
     def to_dict(self) -> dict[str, Any]:

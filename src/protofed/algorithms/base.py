@@ -14,21 +14,23 @@ is none).
 
 The base class holds the defaults, so a method overrides only what differs from FedAvg: the
 server keeps and sends `{"model": weights}`, and `aggregate` is the example-weighted mean of
-every record the replies carry. The engine, not the algorithm, owns per-client state, client
-sampling, randomness, `num_examples`, byte counting and timing; an algorithm holds no mutable
-attributes between calls.
+every record the replies carry (or the robust rule the config's `aggregation` names: methods
+average weights through `Algorithm.average`). The engine, not the algorithm, owns per-client
+state, client sampling, randomness, `num_examples`, byte counting and timing; an algorithm
+holds no mutable attributes between calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from protofed.algorithms.common.aggregation import weighted_mean
+from protofed.algorithms.common.aggregation import Averaged, average, examples
+from protofed.config import AggregationConfig
 from protofed.core.types import (
     MODEL,
     AggregateResult,
@@ -64,6 +66,8 @@ class Setting:
     train: TrainConfig
     init_model: Arrays  # the seeded initial weights, names as in the model's state_dict
     seed: int = 0  # the config's seed: server-side randomness (clustering) derives from it
+    # how `Algorithm.average` combines model weights (default: the example-weighted mean)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
 
 
 class Algorithm(ABC):
@@ -103,12 +107,28 @@ class Algorithm(ABC):
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
-        """The new server state (by default: the example-weighted mean of every record).
+        """The new server state (by default: the `average` of every record).
 
         `replies` may be a lazy stream: iterate it once.
         """
-        mean, _ = weighted_mean(replies)
-        return AggregateResult(mean)
+        mean, _, metrics = self.average(replies, reference=server)
+        return AggregateResult(mean, metrics)
+
+    def average(
+        self,
+        replies: Iterable[Reply],
+        records: Iterable[str] | None = None,
+        weight: Callable[[Reply], float] = examples,
+        reference: Records | None = None,
+    ) -> Averaged:
+        """Model weights averaged by the experiment's `aggregation` rule: the streaming
+        example-weighted mean by default, else a robust rule (common/aggregation.py).
+
+        Use it for weights, not for prototypes or statistics. `reference` is the server's
+        state the clients started from, which the update-norm checks measure against; the
+        returned metrics (`dropped_replies`, ...) belong in the `AggregateResult`.
+        """
+        return average(replies, self.setting.aggregation, records, weight, reference)
 
     # evaluation -------------------------------------------------------------------------
     def client_model(self, message: Records, state: Records) -> Arrays:

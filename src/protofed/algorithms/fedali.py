@@ -10,7 +10,8 @@ The model carries ALP layers (protofed/nn/alp.py; `model.alp.enabled=true` with 
   initial bank before its first round), trains (the ALP layers update the local prototypes
   by EMA as they go), and sends up its trained weights and its local prototypes, never the
   global ones; it keeps its local prototypes;
-- server: the sample-weighted mean of the weights (`weighted_mean`), and per ALP layer K-means
+- server: the sample-weighted mean of the weights (`Algorithm.average`: the config's
+  `aggregation` rule), and per ALP layer K-means
   with G clusters over all clients' local prototypes stacked, started at their sample-weighted
   average (`protofed.prototypes.kmeans`, one run); the centroids are the next global
   prototypes.
@@ -38,7 +39,6 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
@@ -122,7 +122,7 @@ class FedAli(Algorithm):
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
-        mean, seen = weighted_mean(replies, records=[MODEL])
+        mean, seen, metrics = self.average(replies, records=[MODEL], reference=server)
         n = torch.tensor([r.num_examples for r in seen], dtype=torch.float64)
         old = server[GLOBAL_BANKS]
         new: Arrays = {}
@@ -137,7 +137,7 @@ class FedAli(Algorithm):
                 max_iter=self.params.kmeans_iters,
             )
             new[glob] = centroids.to(old[glob].device, old[glob].dtype)
-        return AggregateResult({MODEL: mean[MODEL], GLOBAL_BANKS: new})
+        return AggregateResult({MODEL: mean[MODEL], GLOBAL_BANKS: new}, metrics)
 
     # evaluation -------------------------------------------------------------------------
     def client_model(self, message: Records, state: Records) -> Arrays:

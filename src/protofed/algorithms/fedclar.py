@@ -28,6 +28,8 @@ Decisions (record of what the papers leave open):
 - The server state holds one model per group, in the records `group.<g>`, and the
   client-to-group map, the record `assign`. There is no global model once clusters exist, so
   none is reported. A client keeps its fine-tuned model in its state (record `personal`).
+- Under a robust `aggregation` rule each group is combined, and norm-checked against the model
+  its members were sent, on its own; the server metrics sum the groups' counts.
 """
 
 from __future__ import annotations
@@ -43,9 +45,17 @@ from pydantic import Field
 from sklearn.cluster import AgglomerativeClustering
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import head_names
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import (
+    MODEL,
+    AggregateResult,
+    Arrays,
+    Client,
+    FitResult,
+    Metrics,
+    Records,
+    Reply,
+)
 
 ASSIGN = "assign"  # server state: {"assign": each client's group, a (num_clients,) tensor}
 PERSONAL = "personal"  # client state: the fine-tuned model
@@ -155,11 +165,16 @@ class FedCLAR(Algorithm):
         groups: dict[int, list[Reply]] = {}
         for reply in replies:
             groups.setdefault(int(assign[reply.client]), []).append(reply)
+        sent = server[ASSIGN][ASSIGN]  # the group whose model each client was sent
         new = {k: v for k, v in server.items() if k != ASSIGN}
+        metrics: Metrics = {}
         for group, members in groups.items():
-            mean, _ = weighted_mean(members)
+            reference = {MODEL: server[group_record(int(sent[members[0].client]))]}
+            mean, _, counts = self.average(members, reference=reference)
             new[group_record(group)] = mean[MODEL]
-        return AggregateResult({**new, ASSIGN: {ASSIGN: assign}})
+            for key, value in counts.items():  # per-group counts, summed over the round
+                metrics[key] = metrics.get(key, 0.0) + value
+        return AggregateResult({**new, ASSIGN: {ASSIGN: assign}}, metrics)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return state[PERSONAL] if PERSONAL in state else message[MODEL]

@@ -80,7 +80,6 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.core.seeding import SERVER, derive_seed
 from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
@@ -354,7 +353,10 @@ class FedDPA(Algorithm):
 
         Server metrics (the round's diagnostics): `lambda_mean` and `heterogeneity_mean` (the
         clients' lambda_k and Het_k), `groups`, `separation_before` and `separation_after`
-        (L_sep around the contrastive step) and `min_distance` (the closest two prototypes).
+        (L_sep around the contrastive step) and `min_distance` (the closest two prototypes),
+        plus `Algorithm.average`'s under a robust `aggregation` rule. Only the model weights
+        go through that rule (which ignores the hierarchical weights): the prototypes and
+        groups still take every reply.
         """
         num_classes = self.setting.num_classes
         p = self.params
@@ -379,13 +381,15 @@ class FedDPA(Algorithm):
             examples = torch.tensor([r.num_examples for r in replies])
             weights = hierarchical_weights(groups, examples, p.group_weighting)
             by_client = {r.client: float(w) for r, w in zip(replies, weights, strict=True)}
-            mean, _ = weighted_mean(replies, [MODEL], weight=lambda r: by_client[r.client])
+            mean, _, averaged = self.average(
+                replies, [MODEL], weight=lambda r: by_client[r.client], reference=server
+            )
             merged, present = hierarchical_prototypes(
                 local, local_counts, groups, p.group_weighting
             )
         else:
             groups = torch.zeros(len(replies), dtype=torch.long)
-            mean, _ = weighted_mean(replies, [MODEL])
+            mean, _, averaged = self.average(replies, [MODEL], reference=server)
             merged, total = merge_means(local, local_counts)
             present = total > 0
         previous, before = glob["prototypes"], glob["present"].bool()
@@ -411,6 +415,7 @@ class FedDPA(Algorithm):
             "separation_before": sep_before,
             "separation_after": float(separation_loss(prototypes, present, p.margin)),
             "min_distance": min_distance(prototypes, present),
+            **averaged,
         }
         new = {"prototypes": prototypes, "present": present.to(previous.dtype)}
         return AggregateResult({MODEL: mean[MODEL], GLOBAL_PROTOS: new}, metrics)

@@ -46,7 +46,6 @@ from pydantic import Field
 from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import body_names, body_parameters
 from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.prototypes import (
@@ -180,7 +179,7 @@ class FedNH(Algorithm):
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
-        mean, seen = weighted_mean(replies, records=[MODEL, SCALE])
+        mean, seen, metrics = self.average(replies, records=[MODEL, SCALE], reference=server)
         dense = [unpack_prototypes(r.records[PROTOS], self.setting.num_classes) for r in seen]
         head = server[MODEL]["head.weight"]
         prototypes = smooth_update(
@@ -190,7 +189,7 @@ class FedNH(Algorithm):
             self.params.rho,
         )
         model = {**server[MODEL], **mean[MODEL], "head.weight": prototypes}
-        return AggregateResult({MODEL: model, SCALE: mean[SCALE]})
+        return AggregateResult({MODEL: model, SCALE: mean[SCALE]}, metrics)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return state[MODEL] if state else message[MODEL]

@@ -51,7 +51,6 @@ from pydantic import Field
 
 from protofed import prototypes
 from protofed.algorithms.base import Algorithm
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.decoupled import (
     DecoupledParams,
     body_without_prototypes,
@@ -219,7 +218,7 @@ class FedPAC(Algorithm):
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
         heads = head_names(self.setting.init_model)
-        mean, seen = weighted_mean(replies, records=[MODEL])
+        mean, seen, metrics = self.average(replies, records=[MODEL], reference=server)
         extras = [r.records for r in seen]
         dense = [unpack_prototypes(e[PROTOS], self.setting.num_classes) for e in extras]
         means = torch.stack([m for m, _ in dense])
@@ -245,7 +244,7 @@ class FedPAC(Algorithm):
                 combined[i][name] = mixed[i].to(extras[i][HEAD][name].dtype)
         for reply, head in zip(seen, combined, strict=True):
             new[head_of(reply.client)] = head
-        return AggregateResult(new)
+        return AggregateResult(new, metrics)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return {**message[MODEL], **self._head(message, state)}

@@ -40,7 +40,6 @@ from pydantic import Field
 from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Metrics
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
 from protofed.training.loop import batches, cross_entropy
 
@@ -141,8 +140,9 @@ class PFedMe(Algorithm):
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
-        mean, _ = weighted_mean(replies)
-        return AggregateResult({MODEL: server_mix(server[MODEL], mean[MODEL], self.params.beta)})
+        mean, _, metrics = self.average(replies, reference=server)
+        mixed = server_mix(server[MODEL], mean[MODEL], self.params.beta)
+        return AggregateResult({MODEL: mixed}, metrics)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return state[PERSONAL] if PERSONAL in state else message[MODEL]

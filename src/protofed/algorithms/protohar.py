@@ -37,7 +37,6 @@ from collections.abc import Iterable
 import torch
 
 from protofed.algorithms.base import Algorithm
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.decoupled import (
     DecoupledParams,
     body_without_prototypes,
@@ -104,13 +103,14 @@ class ProtoHAR(Algorithm):
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
     ) -> AggregateResult:
-        mean, seen = weighted_mean(replies, records=[MODEL])
+        mean, seen, metrics = self.average(replies, records=[MODEL], reference=server)
         dense = [unpack_prototypes(r.records[PROTOS], self.setting.num_classes) for r in seen]
         means, clients = client_mean_prototypes(
             torch.stack([m for m, _ in dense]), torch.stack([c for _, c in dense])
         )
         return AggregateResult(
-            {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)}
+            {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)},
+            metrics,
         )
 
     def client_model(self, message: Records, state: Records) -> Arrays:

@@ -118,6 +118,7 @@ def build_model_and_algorithm(
         train=cfg.train,
         init_model=clone(model.state_dict()),
         seed=cfg.seed,
+        aggregation=cfg.aggregation,
     )
     algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
     return model, algorithm
