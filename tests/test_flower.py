@@ -247,7 +247,8 @@ def session(har, tmp_path_factory) -> dict:
 
     Faults (PROTOFED_FLOWER_FAULT, read by the real ClientApp in Ray's workers) hit clients
     4 and 5 only, which exist only in the 6-client experiments: "tolerated" (3 rounds, a NaN
-    reply, a client raising, a reply missing an array) and "too_few" (min_replies=5, two
+    reply, a client raising, a reply missing an array, an inflated reply claiming 1e12
+    examples) and "too_few" (min_replies=5, two
     clients fail in round 4).
     """
     out = tmp_path_factory.mktemp("flower")
@@ -263,7 +264,7 @@ def session(har, tmp_path_factory) -> dict:
     sims = {key: start_flower(cfg, out / key.replace(":", "_")) for key, cfg in configs.items()}
     handler = _Records()
     logging.getLogger("protofed.flower").addHandler(handler)
-    os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,4:4,5:4"
+    os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,5:3:inflate,4:4,5:4"
     t0 = time.perf_counter()
     try:
         results = run_simulations(list(sims.values()))
@@ -315,15 +316,16 @@ def test_bad_replies_and_failing_clients_do_not_stop_the_round(session) -> None:
     ours = session["flower"]["tolerated"]
     assert not isinstance(ours, BaseException), ours
     got = [(r["round"], r["client"]) for r in ours["flower"]["rejections"]]
-    assert got == [(1, 4), (2, 5), (3, 4)]
+    assert got == [(1, 4), (2, 5), (3, 4), (3, 5)]
     reasons = [r["reason"] for r in ours["flower"]["rejections"]]
     assert "non-finite" in reasons[0] and "failed" in reasons[1] and "missing" in reasons[2]
+    assert "num_examples 1e+12 exceeds" in reasons[3]  # a poisoning attempt, left out
     assert all(any(f"client {c} rejected" in m for m in session["log"]) for _, c in got)
     assert ours["rounds"] == 3
     assert 0.3 < ours["final"]["personalization"]["acc"] <= 1  # six classes: chance ~0.17
     # a rejected client was still sent its message; it sent nothing that counts
     per_client = ours["comm"]["down_bytes_per_round"] / 6
-    assert ours["comm"]["up_bytes"] == pytest.approx(per_client * (3 * 6 - 3))
+    assert ours["comm"]["up_bytes"] == pytest.approx(per_client * (3 * 6 - 4))
 
 
 def test_a_round_with_too_few_replies_stops_the_run(session) -> None:
@@ -342,7 +344,71 @@ def test_the_session_leaves_no_process_behind(session) -> None:
     assert not left, [(p.pid, p.name()) for p in left]
 
 
-# deployment: SuperLink + 3 SuperNodes on loopback ----------------------------------------------
+# what a deployed node reads, what a deployed server writes --------------------------------------
+def test_a_supernode_reads_only_its_partition_never_a_data_path_the_server_sends(
+    har, tmp_path, monkeypatch
+) -> None:
+    from protofed.flower import clientapp
+
+    def no_prepare(cfg):  # building data from the server's config: never on a deployed node
+        raise AssertionError(f"the node built data from the server's config ({cfg.data.path})")
+
+    monkeypatch.setattr(clientapp, "prepare", no_prepare)
+    monkeypatch.setattr(clientapp, "_CACHE", {})
+    source = tmp_path / "har.npz"
+    source.write_bytes(har["3"].read_bytes())
+    cfg = _config(source, "fedavg")
+    part = export_partitions(cfg, tmp_path / "parts")[1]
+    source.unlink()  # the data path the server sends no longer exists anywhere
+    assert not clientapp.in_simulation()
+    side = clientapp.client_side(wire.config_json(cfg), {"partition": str(part)})
+    assert side.partition is not None and side.prepared is None
+    assert torch.equal(side.data(1, 1).train_y, load_partition(part).data.train_y)
+    # a config naming another data file is refused by the partition's fingerprint, unread
+    other = _config(tmp_path / "elsewhere.npz", "fedavg")
+    with pytest.raises(ConfigError, match="another data config"):
+        clientapp.client_side(wire.config_json(other), {"partition": str(part)})
+    # partition-id (simulation only) would build the data from the server's data.path/dir
+    served = _config(har["3"], "fedavg", f"data.dir={tmp_path}")
+    with pytest.raises(ConfigError, match="simulation"):
+        clientapp.client_side(wire.config_json(served), {"partition-id": 0})
+
+
+def test_the_serverapp_never_overwrites_a_run_directory(tmp_path, caplog) -> None:
+    from flwr.app import Context, RecordDict
+
+    from protofed.flower import serverapp
+
+    class Untouchable:  # the check comes before any node is waited for
+        def __getattr__(self, name: str):
+            raise AssertionError(f"the grid was used ({name})")
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text('{"kept": true}\n')
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    run_config = {"overrides": "train.rounds=1", "out": str(out), "nodes": 1, "wait-s": 1.0}
+    context = Context(0, 0, {}, RecordDict(), run_config)
+    with (
+        caplog.at_level(logging.ERROR, "protofed.flower"),
+        pytest.raises(ConfigError, match="already exists") as err,
+    ):
+        serverapp.main(Untouchable(), context)
+    assert "\n" not in str(err.value) and "out=" in str(err.value)
+    assert [r.getMessage() for r in caplog.records] == [f"protofed: {err.value}"]
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    # a file in the way is refused too; an empty folder is a fresh run directory
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="already exists"):
+        serverapp.check_out(tmp_path / "file")
+    with pytest.raises(ConfigError, match="already exists"):
+        serverapp.create_run_dir(out, {}, {}, "")
+    (tmp_path / "empty").mkdir()
+    run = serverapp.create_run_dir(tmp_path / "empty", {"seed": 1}, {}, "table")
+    assert (run.path / "config.yaml").is_file()
+
+
+# deployment: a secured SuperLink and SuperNodes on loopback -----------------------------------
 def _free_ports(n: int) -> list[int]:
     socks = []
     for _ in range(n):
@@ -386,7 +452,211 @@ def _stop(procs: list[subprocess.Popen]) -> list[psutil.Process]:
     return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _pem(obj) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    if hasattr(obj, "private_bytes"):
+        return obj.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    return obj.public_bytes(serialization.Encoding.PEM)
+
+
+def _tls_files(folder: Path) -> dict[str, Path]:
+    """A self-signed CA (`ca.crt`) and a server certificate for 127.0.0.1 and localhost signed
+    by it (`server.pem`, key `server.key`): what openssl makes in Flower's TLS guide."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def cert(subject: str, key, issuer: x509.Name, issuer_key, ca: bool) -> x509.Certificate:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(san), critical=False
+            ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    ca = cert("protofed test CA", ca_key, name("protofed test CA"), ca_key, ca=True)
+    server = cert("localhost", server_key, ca.subject, ca_key, ca=False)
+    files = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    files["ca"].write_bytes(_pem(ca))
+    files["cert"].write_bytes(_pem(server))
+    files["key"].write_bytes(_pem(server_key))
+    files["key"].chmod(0o600)
+    return files
+
+
+def _node_keys(folder: Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's P-384 EC key pair as `ssh-keygen -t ecdsa -b 384 -N "" -f NAME` writes
+    it: the OpenSSH private key `NAME` and the public key line `NAME.pub`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    private, public = folder / name, folder / f"{name}.pub"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    private.chmod(0o600)
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+    )
+    return private, public
+
+
+class _Secured:
+    """A SuperLink with TLS and SuperNode authentication on loopback, the `flwr` connection
+    `loop` to it ($FLWR_HOME/config.toml with `root-certificates`), and every process a test
+    starts, each logged to a file in `folder`; `stop` ends them all by PID."""
+
+    def __init__(self, folder: Path, node_ports: int) -> None:
+        self.folder = folder
+        self.tls = _tls_files(folder / "tls")
+        self.link, *self.node_ports = _free_ports(1 + node_ports)
+        home = folder / "flwr_home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\n'
+            f'address = "127.0.0.1:{self.link}"\nroot-certificates = "{self.tls["ca"]}"\n'
+        )
+        self.env = {
+            **os.environ,
+            **FLOWER_ENV,
+            "FLWR_HOME": str(home),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def launch(self, args: list[str], name: str, **extra: str) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
+        proc = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**self.env, **extra},
+        )
+        self.procs.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()
+
+    def superlink(self) -> subprocess.Popen:
+        tls = self.tls
+        proc = self.launch(
+            [
+                "flower-superlink",
+                "--ssl-ca-certfile",
+                str(tls["ca"]),
+                "--ssl-certfile",
+                str(tls["cert"]),
+                "--ssl-keyfile",
+                str(tls["key"]),
+                "--enable-supernode-auth",
+                "--port",
+                str(self.link),
+            ],
+            "superlink",
+        )
+        _wait_for_port(self.link, proc, 60)
+        return proc
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            env=self.env,
+            cwd=self.folder,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def register(self, public_keys: list[Path]) -> list[int]:
+        """`flwr supernode register KEY.pub loop` for each key, at once; the node ids."""
+        procs = [
+            subprocess.Popen(
+                [str(BIN / "flwr"), "supernode", "register", str(k), "loop", "--format", "json"],
+                env=self.env,
+                cwd=self.folder,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for k in public_keys
+        ]
+        answers = [p.communicate(timeout=120)[0] for p in procs]
+        replies = [json.loads(a[a.index("{") :]) for a in answers]
+        assert all(r["success"] for r in replies), answers
+        return [int(r["node-id"]) for r in replies]
+
+    def nodes(self) -> dict[int, str]:
+        """The SuperLink's nodes (`flwr supernode ls`): node id -> status."""
+        listed = self.flwr("supernode", "ls", "loop", "--format", "json")
+        reply = json.loads(listed.stdout[listed.stdout.index("{") :])
+        assert reply["success"], listed.stdout + listed.stderr
+        return {int(n["node-id"]): n["status"] for n in reply["nodes"]}
+
+    def supernode(self, name: str, key: Path, port: int, *more: str, **extra: str):
+        return self.launch(
+            [
+                "flower-supernode",
+                "--superlink",
+                f"127.0.0.1:{self.link}",
+                "--root-certificates",
+                str(self.tls["ca"]),
+                "--auth-supernode-private-key",
+                str(key),
+                "--port",
+                str(port),
+                *more,
+            ],
+            name,
+            **extra,
+        )
+
+    def stop(self) -> list[psutil.Process]:
+        survivors = _stop(self.procs)
+        for log in self.logs:
+            log.close()
+        return survivors
+
+
 def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
+    """TLS (self-signed CA) and SuperNode authentication: each node's key is registered with
+    `flwr supernode register` before it starts, as a real federation would be set up."""
     overrides = (
         f"data.name=arrays data.path={har['3']} data.partition=natural seed=1 "
         "model.name=mlp model.hidden=[64] train.rounds=2 train.threads=1 "
@@ -395,83 +665,33 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
     cfg = load_config(None, overrides.split())
     parts = export_partitions(cfg, tmp_path / "parts")
     assert [load_partition(p).client for p in parts] == [0, 1, 2]
-    link, *node_ports = _free_ports(4)
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{link}"\n'
-        "insecure = true\n"
-    )
-    env = {
-        **os.environ,
-        **FLOWER_ENV,
-        "FLWR_HOME": str(home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    flower = _Secured(tmp_path, node_ports=3)
+    keys = [_node_keys(tmp_path / "tls", f"supernode{i}") for i in range(3)]
     out = tmp_path / "run"
-    procs: list[subprocess.Popen] = []
-    logs = []
-
-    def launch(args: list[str], name: str, **extra: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
-        logs.append(log)
-        proc = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**env, **extra},
-        )
-        procs.append(proc)
-        return proc
-
     try:
-        superlink = launch(["flower-superlink", "--insecure", "--port", str(link)], "superlink")
-        _wait_for_port(link, superlink, 60)
-        for i, (port, part) in enumerate(zip(node_ports, parts, strict=True)):
+        flower.superlink()
+        registered = flower.register([public for _, public in keys])
+        for i, (port, part, (private, _)) in enumerate(
+            zip(flower.node_ports, parts, keys, strict=True)
+        ):
             fault = {"PROTOFED_FLOWER_FAULT": "2:2"} if i == 2 else {}  # client 2 fails in round 2
-            launch(
-                [
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link}",
-                    "--port",
-                    str(port),
-                    "--node-config",
-                    f'partition="{part}"',
-                ],
-                f"supernode{i}",
-                **fault,
+            flower.supernode(
+                f"supernode{i}", private, port, "--node-config", f'partition="{part}"', **fault
             )
         run_config = f'overrides="{overrides}" out="{out}" nodes=3 wait-s=90.0'
-        submitted = subprocess.run(
-            [
-                str(BIN / "flwr"),
-                "run",
-                str(REPO / "flower_app"),
-                "loop",
-                "--run-config",
-                run_config,
-            ],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        submitted = flower.flwr("run", str(REPO / "flower_app"), "loop", "--run-config", run_config)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         deadline = time.monotonic() + 600
         while not (out / "summary.json").exists():
-            assert time.monotonic() < deadline, (tmp_path / "superlink.log").read_text()[-3000:]
-            assert all(p.poll() is None for p in procs), "a Flower process died"
+            assert time.monotonic() < deadline, flower.log("superlink")[-3000:]
+            assert all(p.poll() is None for p in flower.procs), "a Flower process died"
             time.sleep(1)
         summary = json.loads((out / "summary.json").read_text())
+        online = flower.nodes()
     finally:
-        survivors = _stop(procs)
-        for log in logs:
-            log.close()
+        survivors = flower.stop()
     assert not survivors, [(p.pid, p.name()) for p in survivors]
+    assert sorted(online) == sorted(registered) and set(online.values()) == {"online"}
     assert summary["engine"] == "flower-deployment" and summary["rounds"] == 2
     assert [(r["round"], r["client"]) for r in summary["flower"]["rejections"]] == [(2, 2)]
     assert "failed" in summary["flower"]["rejections"][0]["reason"]
@@ -482,3 +702,28 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
     assert partition["deployed_clients"] == [0, 1, 2] and len(partition["clients"]) == 3
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [2]
+
+
+def test_a_supernode_whose_key_is_not_registered_is_refused(tmp_path) -> None:
+    """A key registered, another not: the SuperNode holding the other one never joins."""
+    flower = _Secured(tmp_path, node_ports=1)
+    _, known = _node_keys(tmp_path / "tls", "known")
+    stranger, _ = _node_keys(tmp_path / "tls", "stranger")
+    t0 = time.monotonic()
+    try:
+        flower.superlink()
+        (registered,) = flower.register([known])
+        node = flower.supernode("stranger", stranger, flower.node_ports[0])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(timeout=45)
+        exit_code = node.poll()
+        listed = flower.nodes()
+    finally:
+        survivors = flower.stop()
+    assert not survivors, [(p.pid, p.name()) for p in survivors]
+    log = flower.log("stranger")
+    assert exit_code not in (None, 0), log  # it gave up by itself: no retrying forever
+    assert "Failed to activate SuperNode" in log, log
+    assert "No SuperNode found with the given public key" in flower.log("superlink")
+    assert listed == {registered: "registered"}  # the stranger is not there; nobody is online
+    assert time.monotonic() - t0 < 60

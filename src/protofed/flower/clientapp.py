@@ -6,12 +6,16 @@ engine (`runtime.run_fit`: the client's generator and dropout seeds are keyed by
 and client, so it trains exactly as it would there), stores the new state back in
 `Context.state` and replies with the algorithm's records, its metrics and `num_examples`.
 
-Where a client's data comes from (the node's `node_config`):
+Where a client's data comes from (the node's `node_config`, set by whoever runs the node):
 - `partition="/path/client_3.npz"`: a file written by `protofed flower export`,
-  holding only that client's data (deployment: one SuperNode per client);
+  holding only that client's data (deployment: one SuperNode per client). The node reads
+  this file and nothing else: the data paths of the config the server sends (`data.path`,
+  `data.dir`) are never opened (they only enter the fingerprint the file is checked against);
 - `partition-id=3` (what Flower's simulation engine sets): the node builds the federated
   data from the experiment config (same partition and split as every engine) and takes
-  client 3.
+  client 3. Simulation only (the ClientApp runs in a Ray actor of Flower's simulation
+  engine): a deployed SuperNode given `partition-id` refuses, since the server would then
+  choose which files on the node's machine are read.
 What a node builds (data, model, algorithm) is cached per process for the experiment it
 serves: Ray's actors keep it across messages; a deployed SuperNode starts a process per
 message and rebuilds it from its partition file.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +106,17 @@ class ClientSide:
 _CACHE: dict[tuple[str, str], ClientSide] = {}
 
 
+def in_simulation() -> bool:
+    """Whether this ClientApp runs in Flower's simulation engine: in a Ray actor (a deployed
+    SuperNode runs it in a plain `flwr-clientapp` process, where Ray is not even imported)."""
+    ray = sys.modules.get("ray")
+    return (
+        ray is not None
+        and ray.is_initialized()
+        and ray.get_runtime_context().get_actor_id() is not None
+    )
+
+
 def client_side(config: str, node_config: dict) -> ClientSide:
     """The node's data, model and algorithm for the experiment `config` (JSON), cached."""
     source = str(node_config.get(PARTITION_KEY, ""))
@@ -123,6 +139,12 @@ def client_side(config: str, node_config: dict) -> ClientSide:
             )
             _CACHE[key] = ClientSide(cfg, model, algorithm, partition=partition)
         elif PARTITION_ID_KEY in node_config:
+            if not in_simulation():
+                raise ConfigError(
+                    f"node-config {PARTITION_ID_KEY}=... is for Flower's simulation engine: a "
+                    "deployed SuperNode reads only its partition file (--node-config "
+                    "'partition=\"<client_i.npz>\"'), never data paths sent by the server"
+                )
             prepared = prepare(cfg)
             _CACHE[key] = ClientSide(cfg, prepared.model, prepared.algorithm, prepared=prepared)
         else:
@@ -153,8 +175,9 @@ def _set_state(context: Context, key: str, state: Records) -> None:
 def _fault(cid: int, server_round: int) -> str | None:
     """Fault drills: PROTOFED_FLOWER_FAULT="client:round[:kind],..." in a node's environment
     makes that client misbehave in that round, for real, in the real ClientApp: `raise`
-    (default), or reply with `nan` values, a wrong `shape`, or a `missing` array. The server
-    must leave the reply out and go on (tests/test_flower.py; docs/flower.md)."""
+    (default), or reply with `nan` values, a wrong `shape`, a `missing` array, or `inflate`d
+    (every weight times 1e6 and num_examples=1e12: a poisoning attempt). The server must
+    leave the reply out and go on (tests/test_flower.py; docs/flower.md)."""
     spec = os.environ.get("PROTOFED_FLOWER_FAULT", "")
     for item in filter(None, (s.strip() for s in spec.split(","))):
         c, r, *kind = item.split(":")
@@ -175,8 +198,10 @@ def _corrupt(records: Records, kind: str) -> Records:
         bad[name] = arrays[name].reshape(-1)[:-1].clone()
     elif kind == "missing":
         del bad[name]
+    elif kind == "inflate":
+        bad = {k: v * 1e6 if v.is_floating_point() else v for k, v in arrays.items()}
     else:
-        raise ValueError(f"unknown fault '{kind}' (raise, nan, shape, missing)")
+        raise ValueError(f"unknown fault '{kind}' (raise, nan, shape, missing, inflate)")
     return {**records, record: bad}
 
 
@@ -215,7 +240,8 @@ def train(msg: Message, context: Context) -> Message:
     )
     _set_state(context, key, result.state)
     reply = result.reply if fault is None else _corrupt(result.reply, fault)
-    metrics = {**result.metrics, wire.NUM_EXAMPLES: float(len(data.train_y))}
+    examples = 1e12 if fault == "inflate" else float(len(data.train_y))
+    metrics = {**result.metrics, wire.NUM_EXAMPLES: examples}
     content = RecordDict({**wire.to_records(reply), wire.METRICS: wire.to_metrics(metrics)})
     return Message(content, reply_to=msg)
 

@@ -4,7 +4,8 @@ Its run config (`[tool.flwr.app.config]` of flower_app/pyproject.toml, or `--run
 
     experiment   the experiment YAML, as a path on the SuperLink's machine ("" = defaults)
     overrides    `-s` style overrides, space separated: "train.rounds=5 algorithm.name=ditto"
-    out          the run directory on the SuperLink's machine ("" = runs/flower-<algo>-<time>)
+    out          the run directory on the SuperLink's machine ("" = runs/flower-<algo>-<time>);
+                 one that exists and is not empty is refused, never overwritten
     nodes        wait until this many SuperNodes are connected
     wait-s       ... for at most this many seconds
 
@@ -16,6 +17,7 @@ client-side evaluation (docs/flower.md says what is reported).
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from pathlib import Path
@@ -24,10 +26,34 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from protofed.config import load_config
+from protofed.errors import ConfigError
 from protofed.flower.engine import deploy
 from protofed.runs import RunDir
 
+log = logging.getLogger("protofed.flower")
+
 app = ServerApp()
+
+
+def check_out(out: str | Path) -> Path:
+    """`out` as the run directory of a new run: refused (ConfigError, one line, nothing
+    touched) when it exists and is not an empty folder. A deployed run is never written over
+    another: the ServerApp has no --force."""
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(
+            f"run directory {path} already exists and is not empty: a deployed run never "
+            "overwrites one; set another out= in --run-config"
+        )
+    return path
+
+
+def create_run_dir(
+    out: str | Path, config: dict, partition: dict, table: str, engine: str = "flower-deployment"
+) -> RunDir:
+    """The new run directory at `out`, checked again (another run may have taken it since)."""
+    check_out(out)
+    return RunDir.create(out, config, partition, table, overwrite=False, engine=engine)
 
 
 @app.main()
@@ -39,14 +65,22 @@ def main(grid: Grid, context: Context) -> None:
     out = str(rc.get("out", "")) or str(
         Path("runs") / f"flower-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    loop, partition = deploy(
-        cfg, grid, nodes=int(rc.get("nodes", 1)), wait_s=float(rc.get("wait-s", 60.0))
-    )
-    loop.run_dir = RunDir.create(
-        out, cfg.to_dict(), partition, loop.prepared.fed.counts_table(), overwrite=True
-    )
+    try:
+        check_out(out)  # before waiting for any node
+        loop, partition = deploy(
+            cfg, grid, nodes=int(rc.get("nodes", 1)), wait_s=float(rc.get("wait-s", 60.0))
+        )
+        loop.run_dir = create_run_dir(
+            out, cfg.to_dict(), partition, loop.prepared.fed.counts_table()
+        )
+    except ConfigError as err:
+        log.error("protofed: %s", err)  # one line; Flower marks the run failed with it
+        raise
     loop.transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
     summary = loop.run()
+    if summary["status"] == "diverged":
+        log.error("protofed: diverged: %s; run directory %s", summary["diverged"], out)
+        return
     pers = summary["final"]["personalization"]
     print(
         f"protofed: {summary['algorithm']} on {loop.num_clients} SuperNodes, "
