@@ -246,17 +246,16 @@ def session(har, tmp_path_factory) -> dict:
     """The built-in runs, then every Flower experiment in one simulation session.
 
     Faults (PROTOFED_FLOWER_FAULT, read by the real ClientApp in Ray's workers) hit clients
-    4 and 5 only, which exist only in the 6-client experiments: "tolerated" (3 rounds, a NaN
-    reply, a client raising, a reply missing an array, an inflated reply claiming 1e12
-    examples) and "too_few" (min_replies=5, two
-    clients fail in round 4).
+    4 and 5 only, which exist only in the 6-client experiments: "tolerated" (3 rounds: a NaN
+    reply, a client raising, then a reply missing an array and an inflated one, weights x1e6
+    claiming 1e12 examples) and "too_few" (min_replies=5: round 3 has only 4 valid replies).
     """
     out = tmp_path_factory.mktemp("flower")
     builtin = {name: simulate(prepare(_config(har["4"], name))).run() for name in EQUIVALENT}
     configs = {name: _config(har["4"], name) for name in EQUIVALENT}
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
     configs["too_few"] = _config(
-        har["6"], "fedavg", "train.rounds=4", "flower.min_replies=5", "eval.every=4"
+        har["6"], "fedavg", "train.rounds=3", "flower.min_replies=5", "eval.every=3"
     )
     golden_har = test_golden.har_slice(out / "golden_har4.npz")
     for name in test_golden.RUNS:  # the golden runs (test_golden.py), on Flower too
@@ -264,7 +263,7 @@ def session(har, tmp_path_factory) -> dict:
     sims = {key: start_flower(cfg, out / key.replace(":", "_")) for key, cfg in configs.items()}
     handler = _Records()
     logging.getLogger("protofed.flower").addHandler(handler)
-    os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,4:4,5:4"
+    os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,5:3:inflate"
     t0 = time.perf_counter()
     try:
         results = run_simulations(list(sims.values()))
@@ -316,20 +315,21 @@ def test_bad_replies_and_failing_clients_do_not_stop_the_round(session) -> None:
     ours = session["flower"]["tolerated"]
     assert not isinstance(ours, BaseException), ours
     got = [(r["round"], r["client"]) for r in ours["flower"]["rejections"]]
-    assert got == [(1, 4), (2, 5), (3, 4)]
+    assert got == [(1, 4), (2, 5), (3, 4), (3, 5)]
     reasons = [r["reason"] for r in ours["flower"]["rejections"]]
     assert "non-finite" in reasons[0] and "failed" in reasons[1] and "missing" in reasons[2]
+    assert "num_examples 1e+12 exceeds the" in reasons[3]  # the poisoning attempt
     assert all(any(f"client {c} rejected" in m for m in session["log"]) for _, c in got)
     assert ours["rounds"] == 3
     assert 0.3 < ours["final"]["personalization"]["acc"] <= 1  # six classes: chance ~0.17
     # a rejected client was still sent its message; it sent nothing that counts
     per_client = ours["comm"]["down_bytes_per_round"] / 6
-    assert ours["comm"]["up_bytes"] == pytest.approx(per_client * (3 * 6 - 3))
+    assert ours["comm"]["up_bytes"] == pytest.approx(per_client * (3 * 6 - 4))
 
 
 def test_a_round_with_too_few_replies_stops_the_run(session) -> None:
     result = session["flower"]["too_few"]
-    assert isinstance(result, RoundFailed) and "round 4" in str(result)
+    assert isinstance(result, RoundFailed) and "round 3" in str(result)
     assert not (session["out"] / "too_few" / "summary.json").exists()
 
 

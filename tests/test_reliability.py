@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -340,15 +339,19 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path):
     """A file-size limit (RLIMIT_FSIZE) makes the kernel fail writes past it, as a full
     disk does: the round-1 checkpoint (about 6 kB) cannot be written."""
 
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-
+    # set in a process of its own, then exec'd: a preexec_fn can deadlock a process that
+    # has threads (Ray's, after the Flower tests)
+    limit_then_exec = (
+        "import os, resource, signal, sys; "
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "  # EFBIG instead of a kill
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
     out = tmp_path / "run"
     proc = subprocess.run(
-        [str(BIN / "protofed"), "run", "--out", str(out), "-q", *_sets(SMALL)],
+        [sys.executable, "-c", limit_then_exec, str(BIN / "protofed"), "run", "--out", str(out)]
+        + ["-q", *_sets(SMALL)],
         env={**os.environ, **FLOWER_ENV},
-        preexec_fn=limit,
         capture_output=True,
         text=True,
         timeout=120,
@@ -397,28 +400,36 @@ def test_sigterm_stops_a_run_resumably(tmp_path):
     assert a["final"] == b["final"] and a["comm"] == b["comm"]
 
 
-def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(tmp_path):
-    out = tmp_path / "run"
+def _flower_run(out: Path, *overrides: str) -> list[str]:
+    """The command line of a small `--engine flower` run writing to `out`."""
+    cli = [str(BIN / "protofed"), "run", "-q", "--engine", "flower", "--out", str(out)]
+    return [*cli, *_sets([*SMALL, *overrides])]
+
+
+def _start_flower_run(out: Path, rounds: int) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """A Flower run in its own process, once its first round is written: (it, its children)."""
     proc = subprocess.Popen(
-        [
-            str(BIN / "protofed"),
-            "run",
-            "-q",
-            "--engine",
-            "flower",
-            "--out",
-            str(out),
-            *_sets([*SMALL, "train.rounds=500"]),
-        ],
+        _flower_run(out, f"train.rounds={rounds}"),
         env={**os.environ, **FLOWER_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    _wait_for_first_round(proc, out, 180)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    assert len(tree) > 1, "Flower's simulation started no process"
+    return proc, tree
+
+
+def _left(tree: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(tree, timeout=seconds)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    proc, tree = _start_flower_run(out, rounds=500)
     try:
-        _wait_for_first_round(proc, out, 180)
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        assert tree, "Flower's simulation started no process"
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=30)
@@ -428,25 +439,27 @@ def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" not in err and "cannot resume" in " ".join(err.split())
-    _, alive = psutil.wait_procs(tree, timeout=10)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert not _left(tree, 10)
     result = runner.invoke(app, ["run", "--resume", str(out)])
     _one_error_line(result, "flower-simulation engine", "cannot resume")
+
+
+def test_a_killed_flower_run_leaves_no_process(tmp_path):
+    """SIGKILL cannot be handled: the watchdog (flower/reaper.py) kills Ray's processes."""
+    proc, tree = _start_flower_run(tmp_path / "run", rounds=500)
+    proc.kill()
+    proc.communicate(timeout=30)
+    left = _left(tree, 20)
+    for p in left:  # do not leave them to the next test either
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not left, [(p.pid, p.name()) for p in left]
 
 
 def test_a_failed_flower_round_is_one_line(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [
-            str(BIN / "protofed"),
-            "run",
-            "-q",
-            "--engine",
-            "flower",
-            "--out",
-            str(out),
-            *_sets([*SMALL, "train.rounds=2", "data.num_clients=2"]),
-        ],
+        _flower_run(out, "train.rounds=2", "data.num_clients=2"),
         env={**os.environ, **FLOWER_ENV, "PROTOFED_FLOWER_FAULT": "0:1,1:1"},
         capture_output=True,
         text=True,

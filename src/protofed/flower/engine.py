@@ -46,6 +46,7 @@ from protofed.data.sources import data_root
 from protofed.errors import ConfigError, RunStopped
 from protofed.evaluation import scores_from_counts, summarize
 from protofed.flower import wire
+from protofed.flower.reaper import Reaper
 from protofed.flower.validation import Rejected, ReplyValidator
 from protofed.runs import RunDir
 from protofed.runtime import (
@@ -270,7 +271,8 @@ class FlowerTransport:
                 continue
             replies.append(Reply(cid, records, metrics, examples))
         kept, invalid = self.validator.check_round(replies, messages)
-        for r in [*rejected, *invalid]:
+        rejected = sorted([*rejected, *invalid], key=lambda r: r.client)
+        for r in rejected:
             log.warning(
                 "round %d: reply of client %d rejected: %s", server_round, r.client, r.reason
             )
@@ -283,7 +285,7 @@ class FlowerTransport:
         sent = {cid: nbytes(m) for cid, m in messages.items()}
         # a rejected client was sent its message all the same: its bytes count with the first
         # kept reply's (the loop counts bytes down per reply it sees)
-        unanswered = sum(sent[r.client] for r in [*rejected, *invalid])
+        unanswered = sum(sent[r.client] for r in rejected)
         for i, reply in enumerate(kept):
             yield reply, sent[reply.client] + (unanswered if i == 0 else 0)
 
@@ -417,24 +419,26 @@ def run_simulations(
     flwr_logger.setLevel(logging.WARNING)
     t_session = time.perf_counter()
     STOP.clear()
-    try:
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=max(loop.num_clients for loop in loops),
-            backend_config=backend,
-        )
-    except BaseException:  # Ctrl-C, SIGTERM: end the ServerApp thread's wait, then its Ray
-        STOP.set()
-        raise
-    finally:
-        flwr_logger.setLevel(level)
-        spawned.extend(psutil.Process().children(recursive=True))  # if the thread is not done
-        _, alive = psutil.wait_procs(set(spawned), timeout=5 if STOP.is_set() else 30)
-        for proc in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=10)
+    with Reaper() as reaper:  # if this process is SIGKILLed, Ray's processes die with it
+        try:
+            run_simulation(
+                server_app=server_app,
+                client_app=client_app,
+                num_supernodes=max(loop.num_clients for loop in loops),
+                backend_config=backend,
+            )
+        except BaseException:  # Ctrl-C, SIGTERM: end the ServerApp thread's wait, then Ray
+            STOP.set()
+            raise
+        finally:
+            flwr_logger.setLevel(level)
+            spawned.extend(psutil.Process().children(recursive=True))  # thread not done
+            ray = [p for p in set(spawned) if p.pid != reaper.pid]
+            _, alive = psutil.wait_procs(ray, timeout=5 if STOP.is_set() else 30)
+            for proc in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=10)
     if len(results) != len(loops):
         raise RunStopped("the Flower simulation ended early (see the log above)")
     return results
