@@ -1,0 +1,220 @@
+"""`protofed sweep`: a grid times seeds on real data (scikit-learn's digits), side by side,
+killed and resumed to the same numbers, and every bad spec refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from protofed import api
+from protofed.cli import app
+from protofed.runs import RunDir
+from protofed.sweep import load_spec
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {
+    "data": {"name": "digits", "num_clients": 4},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train.rounds": 10,
+    "train.lr": 0.1,
+    "train.threads": 1,
+}
+NAMES = ["fedavg_s0", "local_s0", "fedavg_s1", "local_s1"]
+
+
+def _spec(path: Path, **changes) -> Path:
+    spec = {"base": BASE, "grid": {"algorithm.name": ["fedavg", "local"]}, "seeds": [0, 1]}
+    spec.update(changes)
+    spec = {k: v for k, v in spec.items() if v is not None}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _sweep_process(*args: str) -> subprocess.Popen:
+    """`protofed sweep` in its own process (to be interrupted)."""
+    cmd = [sys.executable, "-m", "protofed", "sweep", *args]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """The 2 x 2 sweep run uninterrupted, two runs at a time."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    out = tmp / "out"
+    spec = str(_spec(tmp / "spec.yaml"))
+    done = runner.invoke(app, ["sweep", spec, "--out", str(out), "--workers", "2"])
+    assert done.exit_code == 0, done.output
+    lines = [line.split() for line in done.stderr.splitlines()]  # one per run, as it ends
+    assert sorted(w[0] for w in lines) == sorted(NAMES) and {w[1] for w in lines} == {"complete"}
+    return out
+
+
+def test_grid_times_seeds_runs_to_completion(whole: Path) -> None:
+    for name in NAMES:
+        summary = json.loads((whole / name / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["rounds"] == 10
+        assert summary["algorithm"] == name.split("_")[0] and summary["seed"] == int(name[-1])
+        assert (whole / f"{name}.log").read_text().startswith("#")
+    record = yaml.safe_load((whole / "sweep.yaml").read_text())
+    assert list(record["runs"]) == NAMES
+    assert record["runs"]["local_s1"]["changes"] == {"algorithm.name": "local", "seed": 1}
+    # the seeds give different partitions, hence different scores
+    f1 = [
+        json.loads((whole / n / "summary.json").read_text())["final"]
+        for n in ("fedavg_s0", "fedavg_s1")
+    ]
+    assert f1[0] != f1[1]
+
+
+def test_rerun_skips_finished_runs_and_reports_a_locked_one(whole: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path / "spec.yaml")
+    before = {n: (whole / n / "summary.json").stat().st_mtime_ns for n in NAMES}
+    held = RunDir(whole / "local_s0")
+    held.lock()  # another process writing this run
+    try:
+        result = runner.invoke(app, ["sweep", str(spec), "--out", str(whole)])
+    finally:
+        held.unlock()
+    assert result.exit_code == 1, result.output
+    assert "local_s0  busy" in result.stderr and "in use by another process" in result.stderr
+    assert result.stderr.count("skipped") == 3
+    assert before == {n: (whole / n / "summary.json").stat().st_mtime_ns for n in NAMES}
+
+
+def test_killed_sweep_resumes_to_the_uninterrupted_numbers(tmp_path: Path) -> None:
+    """A short and a long run side by side; Ctrl-C once the short one is written."""
+    spec = _spec(tmp_path / "spec.yaml", grid={"train.rounds": [4, 30]}, seeds=None)
+    out = tmp_path / "out"
+    proc = _sweep_process(str(spec), "--out", str(out), "--workers", "2")
+    short, long = out / "rounds=4", out / "rounds=30"
+    deadline = time.monotonic() + 90
+    while not (
+        (short / "summary.json").exists()
+        and len(RunDir(long).history()) >= 2
+        and (long / "checkpoint.pt").exists()
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "sweep ended too early"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the sweep stops its child, which checkpoints
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "rounds=30  interrupted" in err
+    assert not (long / "summary.json").exists()
+    short_mtime = (short / "summary.json").stat().st_mtime_ns
+
+    again = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "rounds=4  skipped" in again.stderr and "rounds=30  complete" in again.stderr
+    assert (short / "summary.json").stat().st_mtime_ns == short_mtime
+    log = (out / "rounds=30.log").read_text()
+    assert "(start)" in log and "(resume)" in log
+    rounds = [r["round"] for r in RunDir(long).history()]
+    assert rounds == list(range(1, 31))
+    whole = api.run(out / "rounds=30.yaml", tmp_path / "whole")  # the same config, unbroken
+    b = json.loads((long / "summary.json").read_text())
+    assert whole.summary.final == b["final"] and whole.summary.selected == b["selected"]
+
+
+def _one_line_error(result) -> str:
+    text = result.stderr.strip()
+    assert result.exit_code == 2, result.output
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"grid": {"train.roundz": [1, 2]}}, "unknown config key 'train.roundz'"),
+        ({"grid": {"algorithm.name": "fedavg"}}, "grid 'algorithm.name': a list of values"),
+        ({"grid": {"algorithm.name": []}}, "grid 'algorithm.name' is empty"),
+        ({"seeds": []}, "'seeds'"),
+        ({"base": {**BASE, "train.rounds": -1}}, "invalid value for 'train.rounds'"),
+        ({"grid": {"train.rounds": [2, -1]}}, "run train.rounds=-1 seed=0: invalid value"),
+        ({"grid": {"algorithm.name": ["fedavg", "fedavgg"]}}, "did you mean 'fedavg'"),
+        ({"grid": {"algorithm.mu": [0.1]}}, "unknown config key 'algorithm.mu'"),
+        ({"seedz": [0]}, "unknown key 'seedz'"),
+        ({"folder": "fixed"}, "two runs are named 'fixed'"),
+        ({"config": "nowhere.yaml"}, "config file not found: nowhere.yaml"),
+        (
+            {"base": {**BASE, "data": {"name": "uci_har", "dir": "/nonexistent"}}},
+            "data set 'uci_har' is not in /nonexistent",
+        ),
+    ],
+)
+def test_bad_spec_is_one_line_and_creates_nothing(tmp_path: Path, changes, expected) -> None:
+    spec = _spec(tmp_path / "spec.yaml", **changes)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
+    assert expected in _one_line_error(result)
+    assert not out.exists()
+
+
+def test_a_folder_made_from_another_spec_is_refused(whole: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path / "spec.yaml", seeds=[0, 1, 2])
+    for dry in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["sweep", str(spec), "--out", str(whole), *dry])
+        assert "different sweep spec (added: fedavg_s2, local_s2)" in _one_line_error(result)
+    assert not (whole / "fedavg_s2").exists()
+    # --force goes on with the new spec; its dry run says what it would do
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(whole), "--dry-run", "--force"])
+    assert result.exit_code == 0, result.output
+    assert "6 runs (4 skip, 2 start)" in result.stdout
+    assert "fedavg_s2  [start] algorithm.name=fedavg seed=2" in result.stdout
+
+
+def test_dry_run_lists_the_runs_and_their_differences(tmp_path: Path) -> None:
+    spec = _spec(tmp_path / "spec.yaml")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:4]] == NAMES
+    assert lines[1].split()[1:] == ["algorithm.name=local", "seed=0"]
+    assert not out.exists()
+
+
+def test_names_templates_and_variants(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"data": {"name": "digits"}}))
+    spec = _spec(
+        tmp_path / "spec.yaml",
+        config="base.yaml",  # beside the spec
+        grid={"algorithm.name": ["fedprox"], "algorithm.mu": [0.01, 0.1]},
+        seeds=[3],
+        folder="{run}/{algorithm.name}_mu{algorithm.mu}_s{seed}",
+        runs=[
+            {"name": "a/x y", "set": {"train.rounds": 2}},
+            {"name": "b", "grid": {}, "seeds": [0], "folder": "b_{model.name}"},
+        ],
+    )
+    runs = load_spec(spec).with_overrides(["train.lr=0.5"]).expand()
+    assert [r.name for r in runs] == [
+        "a/x-y/fedprox_mu0.01_s3",
+        "a/x-y/fedprox_mu0.1_s3",
+        "b_mlp",
+    ]
+    assert runs[0].config.train.rounds == 2 and runs[2].config.train.rounds == 10
+    assert {r.config.train.lr for r in runs} == {0.5}
+    assert runs[1].changes == {
+        "train.rounds": 2,
+        "algorithm.name": "fedprox",
+        "algorithm.mu": 0.1,
+        "seed": 3,
+    }
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")), ids=str)
+def test_every_shipped_sweep_expands_and_validates(path: Path) -> None:
+    runs = load_spec(path).expand()  # configs and names checked; no data read
+    assert runs and len({r.name for r in runs}) == len(runs)
