@@ -72,7 +72,9 @@ def test_run_then_report(tmp_path):
     assert res.exit_code == 0, res.output
     again = runner.invoke(app, ["run", "--out", str(a), *SMALL])
     assert again.exit_code == 2 and "already exists" in _error_line(again)
-    result = runner.invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "cmp")])
+    result = runner.invoke(
+        app, ["report", str(a), str(b), "--group-by", "none", "--out", str(tmp_path / "cmp")]
+    )
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((tmp_path / "cmp.csv").open()))
     assert [r["algorithm"] for r in rows] == ["fedavg", "local"]

@@ -1,78 +1,476 @@
-"""Comparison tables from run directories: printed, and written as Markdown and CSV."""
+"""Comparison tables from run directories: runs found, grouped over seeds, summarised.
+
+    runs, skipped = find_runs(["runs/fedsub_claims"])       # recursively; unfinished ones skipped
+    rows = collect(runs, "selected")                          # one row per run
+    groups = group_runs(rows, "auto")                         # runs that differ only in the seed
+    table = summarize(groups)                                 # mean, std, n of every column
+    to_markdown(table), to_csv(table)
+
+Units are fixed everywhere (printed, Markdown, CSV): scores in percent, communication in MB
+per round (up + down, all clients), time in seconds per round (wall time of the whole run /
+rounds). A group's spread is the sample standard deviation over its runs (ddof = 1; no std
+for a single run); `*_client_std` is the std of the clients' scores across clients within a
+run (population std, as `evaluation.py` records it) - what the papers write after ±.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from protofed.errors import ConfigError
-from protofed.runs import PARTITION, SUMMARY, RunDir
+from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir
 
 SCORES = ("personalization", "generalization", "global")
-COLUMNS = [
-    "run",
-    "algorithm",
-    "dataset",
-    "rounds",
+SHORT = {"personalization": "pers", "generalization": "gen", "global": "global"}
+
+# per-run columns: (name, unit, decimals); the order is the tables' order
+METRICS: list[tuple[str, str, int]] = [
+    ("round", "round", 0),
+    ("rounds", "round", 0),
+    ("pers_acc", "%", 2),
+    ("pers_f1", "%", 2),
+    ("pers_f1_client_std", "%", 2),
+    ("gen_acc", "%", 2),
+    ("gen_f1", "%", 2),
+    ("gen_f1_client_std", "%", 2),
+    ("global_acc", "%", 2),
+    ("global_f1", "%", 2),
+    ("pers_f1_all_rounds", "%", 2),
+    ("train_loss", "", 4),
+    ("MB_per_round", "MB", 3),
+    ("up_MB_per_round", "MB", 3),
+    ("down_MB_per_round", "MB", 3),
+    ("s_per_round", "s", 2),
+]
+UNITS = {name: (unit, decimals) for name, unit, decimals in METRICS}
+INFO = ["algorithm", "dataset", "seed"]  # per run, not averaged
+CSV_DECIMALS = 6  # the CSV carries the same units with more decimals
+STD_NOTE = "sample std over runs (ddof = 1), blank for n = 1"
+
+# config keys that say where or how fast a run ran, not what it computed: never a group key
+IGNORED_KEYS = (
+    "seed",
+    "data.dir",
+    "train.device",
+    "train.threads",
+    "train.workers",
+    "train.fused",
+    "train.checkpoint_every",
+    "eval.batch_size",
+    "flower.timeout_s",
+    "flower.client_cpus",
+    "flower.client_gpus",
+)
+# the columns the printed table keeps (a terminal is narrow; the Markdown has them all)
+PRINTED = (
     "round",
     "pers_acc",
     "pers_f1",
-    "pers_f1_std",
+    "pers_f1_client_std",
     "gen_acc",
     "gen_f1",
-    "gen_f1_std",
     "global_acc",
     "global_f1",
-    "up_MB",
-    "down_MB",
+    "MB_per_round",
     "s_per_round",
-]
+)
+WHICH = ("selected", "final")
+LABEL_FIRST = ("algorithm.name", "data.name")  # a group label starts with these keys
+ABSENT = "<absent>"  # a config key this run's algorithm (or data set) does not have
+_SEED_SUFFIX = re.compile(r"[_-]?s(?:eed)?\d+$")
 
 
-def _row(path: Path, summary: dict, which: str) -> dict:
-    part = summary[which]
-    row: dict = {
-        "run": path.name,
+class NotScored(LookupError):
+    """A finished run without scores for the reported round: listed as skipped."""
+
+
+# finding runs ----------------------------------------------------------------------------
+def find_runs(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The finished run directories under `paths` (each a run or a folder searched
+    recursively), and the unfinished ones as (path, reason). A path that does not exist is an
+    error; a folder with no run directory at all is an error."""
+    runs: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    seen: set[Path] = set()
+
+    def visit(path: Path) -> None:
+        real = path.resolve()
+        if real in seen:
+            return
+        seen.add(real)
+        if (path / CONFIG).is_file():
+            if (path / SUMMARY).is_file():
+                runs.append(path)
+            else:
+                skipped.append((path, f"no {SUMMARY}: unfinished (resume it)"))
+            return
+        for child in sorted(path.iterdir()):
+            if child.is_dir() and not child.name.startswith("."):
+                visit(child)
+
+    for p in paths:
+        path = Path(p)
+        if not path.is_dir():
+            raise ConfigError(f"{path}: no such run directory or folder")
+        found = len(runs) + len(skipped)
+        visit(path)
+        if len(runs) + len(skipped) == found:
+            raise ConfigError(f"{path}: no run directory in it (none has {CONFIG})")
+    return runs, skipped
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1} (lists stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+# one row per run --------------------------------------------------------------------------
+def _record_for(run: RunDir, summary: dict, which: str | int) -> dict | None:
+    """The scores of the reported round: the summary's selected or final part, or the
+    metrics.jsonl record of round `which`."""
+    if isinstance(which, int):
+        return next((r for r in run.history() if r["round"] == which), None)
+    return summary.get(which)
+
+
+def parse_which(which: str | int) -> str | int:
+    """'selected', 'final' or an evaluated round number."""
+    if isinstance(which, int) or str(which).isdigit():
+        return int(which)
+    if which not in WHICH:
+        raise ConfigError(f"--which must be 'selected', 'final' or a round number, not '{which}'")
+    return which
+
+
+def _pct(value: Any) -> float | None:
+    return None if value is None else 100.0 * float(value)
+
+
+def run_row(
+    path: str | Path, which: str | int = "selected", name: str | None = None, domains: bool = False
+) -> dict:
+    """One run's row: scores in %, MB and s per round, plus `path` and its flat `config`.
+
+    Raises ConfigError for an unreadable summary.json, NotScored when the reported round has
+    no scores (a diverged run, a round that was not evaluated).
+    """
+    which = parse_which(which)
+    run = RunDir.open(path)
+    summary = run.read_json(SUMMARY)
+    if not isinstance(summary, dict) or not {"rounds", "comm", "time"} <= set(summary):
+        raise ConfigError(f"{run.path / SUMMARY}: not a protofed summary")
+    part = _record_for(run, summary, which)
+    if part is None:
+        what = f"round {which} was not evaluated" if isinstance(which, int) else "no round scored"
+        raise NotScored(what)
+    history = run.history()
+    rounds = max(int(summary["rounds"]), 1)
+    row: dict[str, Any] = {
+        "run": name or run.path.name,
         "algorithm": summary.get("algorithm"),
         "dataset": summary.get("dataset"),
-        "rounds": summary["rounds"],
+        "seed": summary.get("seed"),
         "round": part.get("round"),
+        "rounds": summary["rounds"],
     }
-    for short, key in (("pers", "personalization"), ("gen", "generalization")):
-        s = part.get(key)
-        row[f"{short}_acc"] = None if s is None else s["acc"]
-        row[f"{short}_f1"] = None if s is None else s["f1"]
-        row[f"{short}_f1_std"] = None if s is None else s["f1_std"]
-    g = part.get("global")
-    row["global_acc"] = None if g is None else g["acc"]
-    row["global_f1"] = None if g is None else g["f1"]
-    row["up_MB"] = summary["comm"]["up_bytes"] / 1e6
-    row["down_MB"] = summary["comm"]["down_bytes"] / 1e6
-    row["s_per_round"] = summary["time"]["total_s"] / max(summary["rounds"], 1)
+    for key in SCORES:
+        s = part.get(key) or {}
+        row[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
+        row[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
+        if key != "global":
+            row[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
+    f1s = [r["personalization"]["f1"] for r in history if (r.get("personalization") or {})]
+    f1s = [v for v in f1s if v is not None]
+    row["pers_f1_all_rounds"] = _pct(float(np.mean(f1s))) if f1s else None
+    at = next((r for r in history if r["round"] == part.get("round")), None)
+    row["train_loss"] = None if at is None else at.get("train_loss")
+    up, down = summary["comm"]["up_bytes"] / 1e6, summary["comm"]["down_bytes"] / 1e6
+    row["MB_per_round"] = (up + down) / rounds
+    row["up_MB_per_round"] = up / rounds
+    row["down_MB_per_round"] = down / rounds
+    row["s_per_round"] = summary["time"]["total_s"] / rounds
+    if domains:  # the clients' mean personalization accuracy per natural group (domain)
+        record = at or {}
+        if "pers_acc" not in record.get("clients", {}):
+            raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")
+        for label, value in _domain_means(run, record, "pers_acc").items():
+            row[f"pers_acc[{label}]"] = 100.0 * value
     for key, value in (part.get("server") or {}).items():  # the server's own metrics
-        row[f"server.{key}"] = value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            row[f"server.{key}"] = float(value)
+    row["path"] = str(run.path)
+    row["config"] = flatten(run.config())
     return row
 
 
-def columns(rows: list[dict]) -> list[str]:
-    """The fixed columns, then the server metrics any run reports (sorted)."""
-    extra = sorted({k for r in rows for k in r if k.startswith("server.")})
-    return [*COLUMNS, *extra]
-
-
-def collect(dirs: list[str | Path], which: str = "selected") -> list[dict]:
-    if which not in ("selected", "final"):
-        raise ConfigError(f"--which must be 'selected' or 'final', not '{which}'")
-    rows = []
-    for d in dirs:
-        run = RunDir.open(d)
-        if not run.complete:
-            raise ConfigError(f"{run.path} has no {SUMMARY}: the run is unfinished (resume it)")
-        rows.append(_row(run.path, run.read_json(SUMMARY), which))
+def collect(
+    paths: Sequence[str | Path],
+    which: str | int = "selected",
+    skipped: list[tuple[Path, str]] | None = None,
+    domains: bool = False,
+) -> list[dict]:
+    """One row per finished run under `paths` (see `run_row`). Runs that are unfinished,
+    diverged or did not score the reported round are appended to `skipped` with the reason;
+    with `skipped` None, any of them is an error. `domains`: also `pers_acc[<domain>]`, the
+    clients' mean personalization accuracy per natural group (PFPL's per-domain table)."""
+    which = parse_which(which)
+    runs, unfinished = find_runs(paths)
+    roots = [Path(p) for p in paths]
+    rows, left = [], list(unfinished)
+    for path in runs:
+        root = next((r for r in roots if r != path and r in path.parents), None)
+        name = str(path.relative_to(root)) if root is not None else path.name
+        try:
+            rows.append(run_row(path, which, name, domains))
+        except NotScored as exc:
+            left.append((path, str(exc)))
+    if skipped is None and left:
+        path, reason = left[0]
+        raise ConfigError(f"{path}: {reason}")
+    if skipped is not None:
+        skipped.extend(left)
+    if not rows:
+        raise ConfigError(
+            "no finished run to report" + (f" ({left[0][0]}: {left[0][1]})" if left else "")
+        )
     return rows
 
 
+# groups -----------------------------------------------------------------------------------
+@dataclass
+class Group:
+    """Runs that differ only in their seed (or agree on the `--group-by` keys)."""
+
+    label: str
+    key: dict[str, Any]
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def values(self, column: str) -> np.ndarray:
+        """The runs' values of `column`, the missing ones left out."""
+        vals = [r.get(column) for r in self.runs]
+        return np.array([v for v in vals if v is not None and not math.isnan(v)], dtype=float)
+
+    def stats(self, column: str) -> tuple[float | None, float | None]:
+        """(mean, sample std with ddof = 1) over the runs; std None for fewer than 2."""
+        vals = self.values(column)
+        if len(vals) == 0:
+            return None, None
+        return float(vals.mean()), (float(vals.std(ddof=1)) if len(vals) > 1 else None)
+
+
+def _text(value: Any) -> str:
+    """A config value as a user writes it: true, [16, 16], 0.1."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, list | dict) else str(value)
+
+
+def _strip_seed(name: str) -> str:
+    parts = name.split("/")
+    last = _SEED_SUFFIX.sub("", parts[-1])
+    return "/".join([*parts[:-1], last] if last else parts[:-1]) or name
+
+
+def group_runs(rows: list[dict], by: str | Sequence[str] = "auto") -> list[Group]:
+    """Group the runs: "auto" (every config key but the seed and IGNORED_KEYS), "none" (one
+    group per run), or a list of config keys. Groups keep the order of their first run; a
+    group is labelled by the keys that differ between groups, `key=value, ...`."""
+    if isinstance(by, str) and by not in ("auto", "none"):
+        by = [k.strip() for k in by.split(",") if k.strip()]
+    if by == "none":
+        return [Group(r["run"], {}, [r]) for r in rows]
+    if by == "auto":
+        keys = sorted({k for r in rows for k in r["config"]} - set(IGNORED_KEYS))
+    else:
+        keys = list(by)
+        known = {k for r in rows for k in r["config"]}
+        unknown = [k for k in keys if k not in known]
+        if unknown or not keys:
+            raise ConfigError(
+                f"--group-by: unknown config key '{unknown[0] if unknown else ''}' "
+                "(auto, none, or config keys such as algorithm.name,data.alpha)"
+            )
+    groups: dict[str, Group] = {}
+    for r in rows:  # a key one algorithm has and another lacks: ABSENT, never in a label
+        key = {k: r["config"].get(k, ABSENT) for k in keys}
+        ident = json.dumps(key, sort_keys=True, default=str)
+        groups.setdefault(ident, Group("", key)).runs.append(r)
+    out = list(groups.values())
+    differ = [k for k in keys if len({json.dumps(g.key[k], default=str) for g in out}) > 1]
+    differ.sort(key=lambda k: (LABEL_FIRST.index(k) if k in LABEL_FIRST else len(LABEL_FIRST), k))
+    for g in out:
+        if differ:
+            g.label = ", ".join(f"{k}={_text(g.key[k])}" for k in differ if g.key[k] != ABSENT)
+        else:  # one group: the runs' common name, seed suffix removed
+            names = {_strip_seed(r["run"]) for r in g.runs}
+            g.label = names.pop() if len(names) == 1 else "all runs"
+    return out
+
+
+def metric_columns(rows: list[dict]) -> list[str]:
+    """The per-run metric columns present: the fixed ones, the per-domain ones (in the order
+    met), then the server metrics (sorted)."""
+    domains = list(dict.fromkeys(k for r in rows for k in r if k.startswith("pers_acc[")))
+    server = sorted({k for r in rows for k in r if k.startswith("server.")})
+    return [name for name, _, _ in METRICS] + domains + server
+
+
+def summarize(groups: list[Group]) -> list[dict]:
+    """One row per group: label, algorithm, dataset, n, seeds, and `<metric>_mean`,
+    `<metric>_std` (sample std over the group's runs, ddof = 1) of every metric."""
+    all_rows = [r for g in groups for r in g.runs]
+    out = []
+    for g in groups:
+        row: dict[str, Any] = {"group": g.label}
+        for info in ("algorithm", "dataset"):
+            seen = sorted({str(r.get(info)) for r in g.runs})
+            row[info] = seen[0] if len(seen) == 1 else "/".join(seen)
+        row["n"] = g.n
+        row["seeds"] = " ".join(str(r.get("seed")) for r in g.runs)
+        for col in metric_columns(all_rows):
+            row[f"{col}_mean"], row[f"{col}_std"] = g.stats(col)
+        out.append(row)
+    return out
+
+
+# formatting --------------------------------------------------------------------------------
+def _unit(column: str) -> tuple[str, int | None]:
+    if column in UNITS:
+        return UNITS[column]
+    return UNITS.get(re.sub(r"(\[.*\])?(_mean|_std)?$", "", column), ("", None))
+
+
+def format_value(value: Any, column: str) -> str:
+    """One number as the tables show it: fixed decimals per unit (2 for %, 3 for MB, 2 for s,
+    4 for the loss), 4 significant digits for server metrics, '-' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    unit, decimals = _unit(column)
+    if unit == "round":  # a count: a mean over seeds may fall between rounds
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    if decimals is None:
+        return f"{value:.4g}"
+    return f"{value:.{decimals}f}"
+
+
+def is_grouped(rows: list[dict]) -> bool:
+    return bool(rows) and "group" in rows[0]
+
+
+def shown_metrics(rows: list[dict]) -> list[str]:
+    """The metric columns of the printed and Markdown tables: those with a value somewhere."""
+    grouped = is_grouped(rows)
+    base = (
+        [c[: -len("_mean")] for c in rows[0] if c.endswith("_mean")]
+        if grouped
+        else metric_columns(rows)
+    )
+    key = (lambda c: f"{c}_mean") if grouped else (lambda c: c)
+    return [c for c in base if any(r.get(key(c)) is not None for r in rows)]
+
+
+def cells(rows: list[dict], only: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the printed and Markdown tables (the same strings in both): a
+    grouped cell is `mean ± std` (std over runs), a per-run cell the run's value. `only`:
+    the metric columns to keep (the printed table keeps PRINTED)."""
+    metrics = [m for m in shown_metrics(rows) if only is None or m in only]
+    if is_grouped(rows):
+        head = ["group", "n", *metrics]
+        body = []
+        for r in rows:
+            line = [str(r["group"]), str(r["n"])]
+            for m in metrics:
+                mean, std = r.get(f"{m}_mean"), r.get(f"{m}_std")
+                text = format_value(mean, m)
+                if mean is not None and std is not None:
+                    text += f" ± {format_value(std, m)}"
+                line.append(text)
+            body.append(line)
+        return head, body
+    head = ["run", *INFO, *metrics]
+    body = [
+        [
+            str(r["run"]),
+            *(str(r.get(i)) for i in INFO),
+            *(format_value(r.get(m), m) for m in metrics),
+        ]
+        for r in rows
+    ]
+    return head, body
+
+
+def note(rows: list[dict], which: str | int = "selected") -> str:
+    """What the numbers are: units, the std definition, the reported round."""
+    when = f"round {which}" if isinstance(which, int) else f"the {which} round"
+    spread = (
+        f"cells: mean ± {STD_NOTE}; n = runs (seeds) per group. "
+        if is_grouped(rows)
+        else "one run per row. "
+    )
+    return (
+        f"Scores of {when}, in % (mean over clients; *_client_std: population std across "
+        f"clients); {spread}MB per round (up + down, all clients), s per round (wall time); "
+        "pers_f1_all_rounds: mean pers. F1 over the evaluated rounds; train_loss at the "
+        "reported round; server.*: the server's metrics, 4 significant digits."
+    )
+
+
+def to_markdown(rows: list[dict], which: str | int = "selected") -> str:
+    head, body = cells(rows)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(line) + " |" for line in body]
+    return "\n".join(lines) + "\n\n" + note(rows, which) + "\n"
+
+
+def csv_columns(rows: list[dict]) -> list[str]:
+    """CSV columns: grouped, `group, algorithm, dataset, n, seeds, <m>_mean, <m>_std`; per
+    run, `run, algorithm, dataset, seed, <m>`, over every metric (empty ones too)."""
+    if is_grouped(rows):
+        fixed = ["group", "algorithm", "dataset", "n", "seeds"]
+        return fixed + [c for c in rows[0] if c.endswith(("_mean", "_std"))]
+    return ["run", *INFO, *metric_columns(rows)]
+
+
+def to_csv(rows: list[dict]) -> str:
+    """The same numbers and units as the tables, with CSV_DECIMALS decimals; empty = missing."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=csv_columns(rows), extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(
+            {
+                k: (round(v, CSV_DECIMALS) if isinstance(v, float) else v)
+                for k, v in r.items()
+                if v is not None and not (isinstance(v, float) and math.isnan(v))
+            }
+        )
+    return buf.getvalue()
+
+
+# per-domain scores -------------------------------------------------------------------------
 def group_scores(
     path: str | Path, which: str = "selected", key: str = "pers_acc"
 ) -> dict[str, float]:
@@ -86,18 +484,24 @@ def group_scores(
     run = RunDir.open(path)
     if not run.complete:
         raise ConfigError(f"{run.path} has no {SUMMARY}: the run is unfinished (resume it)")
-    if which not in ("selected", "final"):
+    if which not in WHICH:
         raise ConfigError(f"which must be 'selected' or 'final', not '{which}'")
     round_ = run.read_json(SUMMARY)[which]["round"]
     record = next((r for r in run.history() if r["round"] == round_), None)
     if record is None or key not in record.get("clients", {}):
         raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
+    return _domain_means(run, record, key)
+
+
+def _domain_means(run: RunDir, record: dict, key: str) -> dict[str, float]:
+    """A per-client score of one metrics.jsonl record, averaged per natural group."""
     partition = run.read_json(PARTITION)
     names = (partition.get("meta") or {}).get("group_names") or []
     values: dict[object, list[float]] = {}
-    for client, value in zip(partition["clients"], record["clients"][key], strict=True):
+    ids = record["clients"].get("client_ids") or range(len(record["clients"][key]))
+    for cid, value in zip(ids, record["clients"][key], strict=True):
         if value is not None and value == value:  # not NaN
-            values.setdefault(client.get("group"), []).append(float(value))
+            values.setdefault(partition["clients"][cid].get("group"), []).append(float(value))
     ordered = sorted(values, key=lambda g: (g is None, g if g is not None else 0))
 
     def label(g: object) -> str:
@@ -106,31 +510,3 @@ def group_scores(
         return names[g] if isinstance(g, int) and g < len(names) else f"group_{g}"
 
     return {label(g): sum(values[g]) / len(values[g]) for g in ordered}
-
-
-def format_value(value, key: str) -> str:
-    """A table cell: scores in percent, other floats with two decimals, None as '-'."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if key.endswith(("acc", "f1", "std")):
-            return f"{100 * value:.2f}"
-        return f"{value:.2f}"
-    return str(value)
-
-
-def to_markdown(rows: list[dict]) -> str:
-    cols = columns(rows)
-    head = "| " + " | ".join(cols) + " |"
-    sep = "|" + "|".join("---" for _ in cols) + "|"
-    body = ["| " + " | ".join(format_value(r.get(c), c) for c in cols) + " |" for r in rows]
-    note = "\nScores in percent: mean over clients (std across clients for *_std)."
-    return "\n".join([head, sep, *body]) + "\n" + note + "\n"
-
-
-def to_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns(rows))
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
