@@ -43,7 +43,11 @@ from protofed.core.types import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from protofed.config import TrainConfig
+
+    Prototypes = tuple[torch.Tensor, torch.Tensor]  # (means (C, D), counts (C,))
 
 # what an algorithm module needs, in one import: the core types and this module's classes
 __all__ = ["Algorithm", "Hyperparams", "Setting"]
@@ -138,6 +142,16 @@ class Algorithm(ABC):
     def global_model(self, server: Records) -> Arrays | None:
         """The server's model weights, or None for methods without one."""
         return server[MODEL] if self.has_global_model else None
+
+    def prototypes(self, server: Records) -> dict[str, Prototypes] | None:
+        """The class prototypes the server holds, for figures (`eval.keep_prototypes_every`).
+
+        Named (means (C, D), counts (C,), 0 = absent class) pairs: "global" for the server's
+        set, "client_<i>" where the server keeps each client's own (PFPL). None (the default)
+        for methods without class prototypes; a prototype method returns {} before it has
+        any. The runtime adds each client's local prototypes where none is given here.
+        """
+        return None
 
     # plumbing ---------------------------------------------------------------------------
     @classmethod

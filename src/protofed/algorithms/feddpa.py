@@ -422,6 +422,10 @@ class FedDPA(Algorithm):
 
     # client_model: the default (no personal model: the global one, shared storage)
 
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        glob = server[GLOBAL_PROTOS]
+        return {"global": (glob["prototypes"], glob["present"])} if glob["present"].any() else {}
+
     def global_model(self, server: Records) -> Arrays | None:
         model = server[MODEL]
         glob = server[GLOBAL_PROTOS]

@@ -191,5 +191,10 @@ class FedNH(Algorithm):
         model = {**server[MODEL], **mean[MODEL], "head.weight": prototypes}
         return AggregateResult({MODEL: model, SCALE: mean[SCALE]}, metrics)
 
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The head's rows are the global prototypes (unit vectors), every class present."""
+        head = server[MODEL]["head.weight"]
+        return {"global": (head, torch.ones(len(head)))}
+
     def client_model(self, message: Records, state: Records) -> Arrays:
         return state[MODEL] if state else message[MODEL]

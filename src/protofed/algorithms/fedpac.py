@@ -54,6 +54,7 @@ from protofed.algorithms.base import Algorithm
 from protofed.algorithms.common.decoupled import (
     DecoupledParams,
     body_without_prototypes,
+    global_prototypes,
     head_then_aligned_body,
 )
 from protofed.algorithms.common.split import head_names, split_arrays
@@ -245,6 +246,9 @@ class FedPAC(Algorithm):
         for reply, head in zip(seen, combined, strict=True):
             new[head_of(reply.client)] = head
         return AggregateResult(new, metrics)
+
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, ...]]:
+        return global_prototypes(server, self.setting.num_classes)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return {**message[MODEL], **self._head(message, state)}

@@ -123,6 +123,12 @@ class FedProto(Algorithm):
         merged, total = merge_means(torch.stack(means), torch.stack(counts))
         return AggregateResult({PROTOS: {"means": merged, "counts": total}})
 
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The global prototypes (eq. 6), none before round 1."""
+        if PROTOS not in server:
+            return {}
+        return {"global": (server[PROTOS]["means"], server[PROTOS]["counts"])}
+
     def client_model(self, message: Records, state: Records) -> Arrays:
         weights = self.own_model(state)
         if self.params.inference == "head" or PROTOS not in message:

@@ -161,6 +161,16 @@ class PFPL(FedProto):
         )
         return {PROTOS: pack_prototypes(protos, present.to(protos.dtype), with_counts=False)}
 
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every client's latest local prototypes, as the server's bank holds them (PFPL has
+        no global set: each client's personalized ones are built from these)."""
+        bank = server[BANK]
+        return {
+            f"client_{i}": (bank["means"][i], bank["counts"][i])
+            for i in range(len(bank["counts"]))
+            if bool((bank["counts"][i] > 0).any())
+        }
+
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
         personalized prototypes."""

@@ -40,6 +40,7 @@ from protofed.algorithms.base import Algorithm
 from protofed.algorithms.common.decoupled import (
     DecoupledParams,
     body_without_prototypes,
+    global_prototypes,
     head_then_aligned_body,
 )
 from protofed.algorithms.common.split import split_arrays
@@ -112,6 +113,9 @@ class ProtoHAR(Algorithm):
             {MODEL: mean[MODEL], PROTOS: pack_prototypes(means, clients, with_counts=False)},
             metrics,
         )
+
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, ...]]:
+        return global_prototypes(server, self.setting.num_classes)
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return {**message[MODEL], **self.local_head(state)}

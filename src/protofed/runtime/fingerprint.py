@@ -16,8 +16,9 @@ from protofed.errors import ConfigError
 from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
 
-EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads")
-"""Config keys that say where the data lie and how fast to run, not what is computed."""
+EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads", "eval.keep_prototypes_every")
+"""Config keys that say where the data lie, how fast to run and what is kept for figures, not
+what is computed."""
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

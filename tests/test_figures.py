@@ -1,0 +1,224 @@
+"""The partition heat map, kept prototypes and the t-SNE figures (docs/figures.md), on real
+data: what each figure draws is the run's numbers, and keeping prototypes changes none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from protofed.api import Run
+from protofed.cli import app
+from protofed.config import load_config
+from protofed.data import build_federated
+from protofed.plots import save_figure
+from protofed.plots.embed import embedding_figure, federation, other_clients
+from protofed.plots.partition import HEATMAP, client_domains, partition_figure
+from protofed.runtime import resume, start
+from protofed.runtime.keep import read_kept
+
+runner = CliRunner()
+SMALL = [
+    "data.name=digits",
+    "data.num_clients=4",
+    "model.name=mlp",
+    "model.hidden=[16]",
+    "train.rounds=4",
+    "train.lr=0.1",
+    "train.threads=1",  # tiny models: threads only spin against each other on 2 cores
+]
+KEEP = "eval.keep_prototypes_every=2"
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for item in overrides for arg in ("-s", item)]
+
+
+def _heatmap(fig):
+    return next(ax for ax in fig.axes if ax.get_label() == HEATMAP)
+
+
+def _without_time(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "time"}
+
+
+def _records_without_time(path: Path) -> list[dict]:
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in lines]
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """PFPL with and without kept prototypes, PFPL kept and killed after round 2 then
+    resumed, and FedProto kept (it has global prototypes)."""
+    root = tmp_path_factory.mktemp("figures")
+    threads = torch.get_num_threads()  # train.threads sets it for the process: restored below
+    out = {}
+    for name, extra in (
+        ("plain", ["algorithm.name=pfpl"]),
+        ("kept", ["algorithm.name=pfpl", KEEP]),
+        ("fedproto", ["algorithm.name=fedproto", KEEP]),
+    ):
+        out[name] = root / name
+        start(load_config(None, [*SMALL, *extra]), out[name]).run()
+
+    def kill(r: int, info: dict, record: dict | None) -> None:
+        if r == 2:
+            raise Killed
+
+    out["resumed"] = root / "resumed"
+    with pytest.raises(Killed):
+        cfg = load_config(None, [*SMALL, "algorithm.name=pfpl", KEEP])
+        start(cfg, out["resumed"]).run(on_round=kill)
+    assert sorted(p.name for p in (out["resumed"] / "prototypes").iterdir()) == ["round_0002.npz"]
+    resume(out["resumed"]).run()
+    torch.set_num_threads(threads)
+    return out
+
+
+# partition --plot -----------------------------------------------------------------------
+def test_partition_plot_draws_the_counts_matrix(tmp_path):
+    prefix = tmp_path / "part"
+    sets = [*SMALL, "data.num_clients=6", "data.partition=dirichlet", "data.alpha=0.3"]
+    result = runner.invoke(app, ["partition", *_sets(sets), "--plot", "--out", str(prefix)])
+    assert result.exit_code == 0, result.output
+    assert "client_005" in result.output  # the table is still printed
+    for suffix in ("png", "pdf"):
+        path = tmp_path / f"part.{suffix}"
+        assert path.stat().st_size > 1000, path
+    assert (tmp_path / "part.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    fed = build_federated(load_config(None, sets).data, 0)
+    fig = partition_figure(fed)
+    ax = _heatmap(fig)
+    drawn = np.asarray(ax.images[0].get_array())
+    np.testing.assert_array_equal(drawn, fed.counts)
+    assert drawn.shape == (6, 10) and drawn.sum() == 1797  # every digits sample, once
+    assert ax.get_xlabel() == "class" and ax.get_ylabel().startswith("client")
+    assert [t.get_text() for t in ax.get_xticklabels()] == fed.class_names
+    assert [t.get_text() for t in ax.get_yticklabels()] == [c.name for c in fed.clients]
+    annotated = {t.get_text() for t in ax.texts}
+    assert {str(int(v)) for v in fed.counts.flat if v} == annotated  # every nonzero cell
+    assert fig.axes[1].get_ylabel() == "samples (train + val + test)"  # the colour bar
+    assert client_domains(fed) is None  # digits has no domains
+
+
+def test_partition_plot_of_a_large_federation_has_no_numbers(tmp_path):
+    sets = [*SMALL, "data.num_clients=120", "data.partition=iid"]
+    fed = build_federated(load_config(None, sets).data, 0)
+    ax = _heatmap(partition_figure(fed))
+    assert len(ax.texts) == 0 and len(ax.get_yticklabels()) <= 20
+    assert np.asarray(ax.images[0].get_array()).shape == (120, 10)
+
+
+def test_partition_plot_shows_each_clients_domain(shared_data, tmp_path):
+    sets = [
+        "data.name=office_caltech",
+        f"data.dir={shared_data}",
+        "data.partition=mixed",
+        "data.num_clients=8",
+        "data.classes_per_client=2",
+    ]
+    fed = build_federated(load_config(None, sets).data, 0)
+    index, names = client_domains(fed)
+    used = sorted({c.group for c in fed.clients})
+    assert len(used) == 4 and names == [fed.meta["group_names"][g] for g in used]
+    assert [names[k] for k in index] == [fed.meta["group_names"][c.group] for c in fed.clients]
+    fig = partition_figure(fed)
+    ax = _heatmap(fig)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == names
+    strip = [line.get_color() for line in ax.get_lines()]  # one coloured cell per client
+    assert len(strip) == 8 and len(set(map(str, strip))) == len(set(index))
+    assert all(p.stat().st_size > 1000 for p in save_figure(fig, tmp_path / "oc"))
+
+
+# eval.keep_prototypes_every --------------------------------------------------------------
+def test_kept_prototypes_have_the_runs_shapes(runs):
+    fed = federation(Run(runs["fedproto"]))
+    train = fed.counts_by_split()["train"]
+    kept = read_kept(runs["fedproto"])
+    assert sorted(kept) == [2, 4]
+    for sets in kept.values():
+        assert sorted(sets) == ["client_0", "client_1", "client_2", "client_3", "global"]
+        glob, glob_ids = sets["global"]
+        assert glob.shape == (len(glob_ids), 16) and glob.dtype == np.float32
+        np.testing.assert_array_equal(glob_ids, np.flatnonzero(train.sum(0)))  # eq. 6's classes
+        for k in range(4):
+            rows, ids = sets[f"client_{k}"]
+            np.testing.assert_array_equal(ids, np.flatnonzero(train[k]))
+            assert rows.shape == (len(ids), 16) and np.isfinite(rows).all()
+    # the count-weighted mean of the clients' prototypes is the global one (FedProto eq. 6)
+    last = kept[4]
+    dense = np.zeros((4, 10, 16))
+    for k in range(4):
+        rows, ids = last[f"client_{k}"]
+        dense[k, ids] = rows
+    merged = (dense * train[:, :, None]).sum(0) / train.sum(0)[:, None]
+    np.testing.assert_allclose(last["global"][0], merged[last["global"][1]], atol=1e-5)
+    with np.load(runs["fedproto"] / "prototypes" / "round_0004.npz", allow_pickle=False) as f:
+        assert int(f["round"]) == 4
+
+
+def test_keeping_prototypes_changes_no_number_and_survives_resume(runs):
+    plain, kept, resumed = (Run(runs[k]) for k in ("plain", "kept", "resumed"))
+    assert not (runs["plain"] / "prototypes").exists()
+    assert _without_time(kept.summary.as_dict()) == _without_time(plain.summary.as_dict())
+    assert _records_without_time(runs["kept"]) == _records_without_time(runs["plain"])
+    assert _without_time(resumed.summary.as_dict()) == _without_time(kept.summary.as_dict())
+    for name in ("round_0002.npz", "round_0004.npz"):  # round 2 written before the kill
+        a, b = (np.load(r / "prototypes" / name) for r in (runs["kept"], runs["resumed"]))
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    # PFPL keeps no global set: its clients' prototypes are the server's bank
+    assert sorted(read_kept(runs["kept"])[4]) == [f"client_{k}" for k in range(4)]
+
+
+# embed ----------------------------------------------------------------------------------
+def test_embed_draws_own_and_other_clients_test_data(runs, tmp_path):
+    fed = federation(Run(runs["kept"]))
+    fig = embedding_figure(runs["kept"], client=1, others=2, max_points=60)
+    ax = fig.axes[0]
+    other, own = (np.asarray(c.get_offsets()) for c in ax.collections)
+    chosen = other_clients(0, 1, 4, 2)
+    assert len(chosen) == 2 and 1 not in chosen
+    sizes = [min(60, len(c.test_y)) for c in fed.clients]
+    assert len(own) == sizes[1] and len(other) == sum(sizes[k] for k in chosen)
+    assert np.isfinite(own).all() and np.isfinite(other).all()
+    classes = set()
+    for k in [1, *chosen]:
+        classes |= set(fed.clients[k].test_y.tolist())
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["own data", "other clients", *(fed.class_names[k] for k in sorted(classes))]
+    paths = save_figure(fig, tmp_path / "embed")
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+    result = runner.invoke(
+        app, ["embed", str(runs["fedproto"]), "--prototypes", "--out", str(tmp_path / "protos")]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "protos.png").stat().st_size > 1000
+
+
+def test_embed_prototypes_of_a_run_that_kept_none_is_one_line_exit_2(runs):
+    result = runner.invoke(app, ["embed", str(runs["plain"]), "--prototypes"])
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert len(text.splitlines()) == 1 and "eval.keep_prototypes_every" in text, text
+
+
+def test_a_negative_keep_prototypes_every_is_one_line_exit_2(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["run", "-q", "--out", str(out), *_sets([*SMALL, "eval.keep_prototypes_every=-1"])]
+    )
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and "eval.keep_prototypes_every" in text, text
+    assert len(text.splitlines()) == 1 and not out.exists()
