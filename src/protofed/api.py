@@ -14,15 +14,16 @@ directory: a run made on another machine or by the CLI opens the same way.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.errors import ConfigError
-from protofed.runs import CHECKPOINT, PARTITION, SUMMARY, RunDir
+from protofed.runs import CHECKPOINT, PARTITION, PROVENANCE, SUMMARY, RunDir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +141,14 @@ class Run:
         return Summary.from_dict(self.dir.read_json(SUMMARY))
 
     @property
+    def provenance(self) -> dict[str, Any] | None:
+        """provenance.json: versions, git commit, machine, the data files' sha256, and each
+        session's command and times (docs/tracking.md); None for runs made before it existed."""
+        if not (self.path / PROVENANCE).is_file():
+            return None
+        return self.dir.read_json(PROVENANCE)
+
+    @property
     def client_names(self) -> list[str]:
         return [c["name"] for c in self.dir.read_json(PARTITION)["clients"]]
 
@@ -244,6 +253,7 @@ def run(
     engine: str = "builtin",
     overwrite: bool = False,
     on_round: Callable[[int, dict, dict | None], None] | None = None,
+    log: str | Sequence[str] = (),
     **overrides: Any,
 ) -> Run:
     """Run one experiment and return its `Run`.
@@ -251,16 +261,21 @@ def run(
     `config`: a YAML path, a nested dict, an `ExperimentConfig` or None (the defaults);
     `overrides` as in `resolve_config`. `out`: the run directory (default:
     `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
-    `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine).
+    `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine). `log`:
+    "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/ (docs/tracking.md).
     """
+    from protofed.tracking import Tracking, log_kinds
+
     cfg = resolve_config(config, **overrides)
+    logs = log_kinds(log)
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
     if engine == "builtin":
         from protofed.runtime import start
 
-        start(cfg, out, overwrite=overwrite).run(on_round)
+        loop = start(cfg, out, overwrite=overwrite)
+        run_loop = loop.run
     elif engine == "flower":
         from protofed.flower import require_flower
 
@@ -268,7 +283,16 @@ def run(
         from protofed.flower.engine import run_simulation_loop
         from protofed.flower.engine import start as start_flower
 
-        run_simulation_loop(start_flower(cfg, out, overwrite=overwrite), on_round)
+        loop = start_flower(cfg, out, overwrite=overwrite)
+        run_loop = functools.partial(run_simulation_loop, loop)
     else:
         raise ConfigError(f"unknown engine '{engine}' (builtin or flower)")
+    with Tracking(out, cfg.train.rounds, log=logs) as tracking:
+
+        def each(r: int, info: dict, record: dict | None) -> None:
+            tracking(r, info, record)
+            if on_round is not None:
+                on_round(r, info, record)
+
+        run_loop(each)
     return Run(out)

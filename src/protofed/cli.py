@@ -17,7 +17,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from protofed.errors import ConfigError, RunStopped
@@ -42,7 +49,9 @@ EXIT_USER, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape  # "pip install 'protofed[flower]'" is text, not markup
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=EXIT_USER)
 
 
@@ -141,12 +150,18 @@ def run(
             "--engine", help="builtin, or flower (Flower's simulation engine; docs/flower.md)."
         ),
     ] = "builtin",
+    log: Annotated[
+        list[str],
+        typer.Option("--log", help="Also log to: tensorboard (RUN/tensorboard/, docs/tracking.md)"),
+    ] = [],  # noqa: B006
 ) -> None:
     """Run one experiment and write its run directory."""
     from protofed.runtime import resume, start
+    from protofed.tracking import Tracking, log_kinds
 
     run_loop = None  # how the loop runs: its own `run`, or inside a Flower simulation session
     with user_errors():
+        logs = log_kinds(log)
         if engine not in ("builtin", "flower"):
             raise ConfigError(f"unknown --engine '{engine}' (builtin or flower)")
         if engine == "flower":
@@ -184,17 +199,21 @@ def run(
 
         total = loop.cfg.train.rounds
         show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
+        lines = sys.stderr if not quiet and not show else None  # a log file: plain lines
         with (
             Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 TextColumn("{task.fields[status]}"),
                 console=err_console,
                 disable=not show,
                 transient=False,
             ) as bar,
+            Tracking(out, total, loop.progress.server_round, logs, lines) as tracking,
             terminate_as_interrupt(),
         ):
             task = bar.add_task(
@@ -205,10 +224,8 @@ def run(
             )
 
             def on_round(r: int, info: dict, record: dict | None) -> None:
-                status = ""
-                if record is not None:
-                    status = f"pers F1 {_pct(record['personalization']['f1'])}"
-                bar.update(task, completed=r, status=status)
+                tracking(r, info, record)
+                bar.update(task, completed=r, status=tracking.status)
 
             try:
                 summary = loop.run(on_round) if run_loop is None else run_loop(loop, on_round)
@@ -317,49 +334,212 @@ def _type_name(annotation) -> str:
 
 @app.command()
 def report(
-    dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT.md and OUT.csv.")] = Path(
-        "report"
-    ),
-    which: Annotated[str, typer.Option(help="'selected' round or 'final' round.")] = "selected",
+    dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories, or folders searched for them.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Write OUT.md, OUT.csv (and OUT-*.png/pdf).")
+    ] = Path("report"),
+    which: Annotated[
+        str, typer.Option(help="'selected' round, 'final' round, or a round number.")
+    ] = "selected",
+    group_by: Annotated[
+        str,
+        typer.Option(
+            "--group-by",
+            help="auto (runs that differ only in the seed), none (one row per run), "
+            "or config keys: algorithm.name,data.alpha",
+        ),
+    ] = "auto",
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Also write the figures (docs/reporting.md).")
+    ] = False,
+    domains: Annotated[
+        bool,
+        typer.Option(
+            "--domains", help="Add pers. accuracy per natural group (domain, site) of clients."
+        ),
+    ] = False,
 ) -> None:
-    """Compare finished runs: a table printed, and written as Markdown and CSV."""
-    from protofed.report import collect, format_value, to_csv, to_markdown
+    """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
+    and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
+    from protofed.core.files import atomic_write_text
+    from protofed.report import (
+        PRINTED,
+        STD_NOTE,
+        cells,
+        collect,
+        group_runs,
+        parse_which,
+        summarize,
+        to_csv,
+        to_markdown,
+    )
 
     with user_errors():
-        rows = collect(dirs, which)
-    table = Table(title=f"{which} round: % mean over clients (± std across clients)")
-    for col in (
-        "run",
-        "round",
-        "pers acc",
-        "pers F1",
-        "gen F1",
-        "global F1",
-        "MB/round",
-        "s/round",
-    ):
-        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
-    for r in rows:
-        per_round = (r["up_MB"] + r["down_MB"]) / max(r["rounds"], 1)
-        table.add_row(
-            r["run"],
-            str(r["round"]),
-            format_value(r["pers_acc"], "acc"),
-            f"{format_value(r['pers_f1'], 'f1')} ± {format_value(r['pers_f1_std'], 'std')}",
-            f"{format_value(r['gen_f1'], 'f1')} ± {format_value(r['gen_f1_std'], 'std')}"
-            if r["gen_f1"] is not None
-            else "-",
-            format_value(r["global_f1"], "f1"),
-            f"{per_round:.2f}",
-            f"{r['s_per_round']:.2f}",
+        when = parse_which(which)
+        skipped: list = []
+        rows = collect(dirs, when, skipped, domains)
+        groups = group_runs(rows, group_by)
+        table_rows = rows if group_by == "none" else summarize(groups)
+        for path, reason in skipped:
+            err_console.print(f"skipped {path}: {reason}", highlight=False, soft_wrap=True)
+        head, body = cells(table_rows, PRINTED)
+        spread = "one run per row" if group_by == "none" else f"mean ± {STD_NOTE}"
+        title = (
+            f"{'round ' + str(when) if isinstance(when, int) else when + ' round'}: "
+            f"scores in % (mean over clients), {spread}; MB and s per round"
         )
+        table = Table(title=title, caption=f"every column: {out.name}.md and .csv")
+        for col in head:
+            left = col in ("group", "run", "algorithm", "dataset")
+            table.add_column(col, justify="left" if left else "right", no_wrap=True)
+        for line in body:
+            table.add_row(*line)
+        needed = sum(max(len(c) for c in col) + 3 for col in zip(head, *body, strict=True)) + 4
+        wide = Console(width=max(console.width, min(needed, 240)))  # a table, not wrapped cells
+        wide.print(table)
+        md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
+        atomic_write_text(md, to_markdown(table_rows, when))
+        atomic_write_text(csv_path, to_csv(table_rows))
+        written = [md, csv_path]
+        if plot:
+            from protofed.plots.curves import write_figures
+
+            written += write_figures(groups, out, when)
+    console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+
+
+@app.command()
+def sweep(
+    spec_file: Annotated[Path, typer.Argument(help="Sweep spec YAML (docs/sweeps.md).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Sweep folder: one run per folder.")],
+    workers: Annotated[int, typer.Option("--workers", "-j", help="Runs at a time.")] = 1,
+    set_: Overrides = [],  # noqa: B006
+    data_dir: DataDir = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List and validate the runs; run nothing.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Go on in a folder made from another spec.")
+    ] = False,
+    time_limit: Annotated[
+        float | None,
+        typer.Option("--time-limit", help="Seconds per run, then it is stopped (resumable)."),
+    ] = None,
+    only: Annotated[
+        list[str], typer.Option("--only", help="Run only the runs whose names match this glob.")
+    ] = [],  # noqa: B006
+) -> None:
+    """Run a grid of experiments times seeds, WORKERS at a time; run it again to resume.
+
+    Finished runs are skipped, killed ones resumed from their checkpoint. Exit codes: 0 every
+    run complete, 1 a run failed, was stopped at --time-limit or is held by another process,
+    2 a bad spec (nothing run), 3 a run diverged, 130 interrupted (docs/sweeps.md).
+    """
+    from protofed.sweep import (
+        check_folder,
+        describe,
+        differing_keys,
+        load_spec,
+        run_state,
+        select_runs,
+    )
+
+    try:
+        with user_errors():
+            spec = load_spec(spec_file).with_overrides(set_)
+            if dry_run:  # what a real sweep would do, as far as it can be known without data
+                every = spec.expand()
+                check_folder(out, spec, every, force)
+                runs = select_runs(every, only)
+                actions: dict[str, int] = {}
+                for run_, diff in zip(runs, differing_keys(runs), strict=True):
+                    action = run_state(out / run_.name, run_.config, force).action
+                    actions[action] = actions.get(action, 0) + 1
+                    state = f"[{action}] " if out.exists() else ""
+                    console.print(
+                        f"{run_.name}  {state}{describe(diff)}",
+                        highlight=False,
+                        markup=False,
+                        soft_wrap=True,
+                    )
+                todo = ", ".join(f"{n} {a}" for a, n in actions.items()) if out.exists() else ""
+                console.print(
+                    f"{len(runs)} runs{f' ({todo})' if todo else ''}, every config valid "
+                    "(dry run: nothing written)",
+                    highlight=False,
+                )
+                return
+            result = _sweep(spec, out, workers, force, data_dir, time_limit, only)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted; run the same command again to resume {out}")
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    if result.exit_code:
+        raise typer.Exit(code=result.exit_code)
+
+
+def _sweep(
+    spec,  # protofed.sweep.SweepSpec (imported when the command runs)
+    out: Path,
+    workers: int,
+    force: bool,
+    data_dir: Path | None,
+    limit: float | None,
+    only: list[str],
+):
+    """Run the sweep with a line per finished run (and a bar on a terminal), then a table."""
+    from protofed.sweep import run_sweep, select_runs
+
+    total = len(select_runs(spec.expand(), only))
+    with Progress(
+        TextColumn("[bold]sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[running]}"),
+        console=err_console,
+        disable=not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("sweep", total=total, running="")
+        active: list[str] = []
+
+        def started(name: str, action: str) -> None:
+            active.append(name)
+            bar.update(task, running=", ".join(active))
+
+        def done(o) -> None:
+            if o.name in active:
+                active.remove(o.name)
+            f1 = "" if o.pers_f1 is None else f"  pers F1 {_pct(o.pers_f1)}"
+            secs = "" if o.seconds is None or o.status == "skipped" else f"  {o.seconds:.0f} s"
+            why = f"  ({o.detail})" if o.detail else ""
+            log = f"  log: {o.log}" if o.status == "failed" else ""
+            line = f"{o.name}  {o.status}{f1}{secs}{why}{log}"
+            bar.console.print(line, highlight=False, markup=False)
+            bar.update(task, advance=1, running=", ".join(active))
+
+        result = run_sweep(
+            spec,
+            out,
+            workers,
+            force=force,
+            data_dir=data_dir,
+            time_limit=limit,
+            only=only,
+            on_start=started,
+            on_done=done,
+        )
+    table = Table(title=f"sweep {out}: {len(result.outcomes)} runs")
+    for col in ("run", "status", "pers F1", "seconds"):
+        table.add_column(col, justify="left" if col in ("run", "status") else "right")
+    for o in result.outcomes:
+        secs = "-" if o.seconds is None else f"{o.seconds:.0f}"
+        table.add_row(o.name, o.status, _pct(o.pers_f1), secs)
     console.print(table)
-    md, csv_path = out.with_suffix(".md"), out.with_suffix(".csv")
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(to_markdown(rows))
-    csv_path.write_text(to_csv(rows))
-    console.print(f"wrote {md} and {csv_path}", highlight=False)
+    if result.interrupted:
+        err_console.print(f"interrupted; run the same command again to resume {out}")
+    return result
 
 
 @app.command()
@@ -367,6 +547,12 @@ def partition(
     config: ConfigFile = None,
     set_: Overrides = [],  # noqa: B006
     data_dir: DataDir = None,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Also draw the heat map (OUT.png, OUT.pdf).")
+    ] = False,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="--plot: file prefix of the figure.")
+    ] = Path("partition"),
 ) -> None:
     """Print the clients x classes count matrix of a config's partition (no training)."""
     from protofed.data import build_federated
@@ -374,7 +560,47 @@ def partition(
     with user_errors():
         cfg = _config(config, set_, data_dir)
         fed = build_federated(cfg.data, cfg.seed)
-    console.print(fed.counts_table(), highlight=False)
+        console.print(fed.counts_table(), highlight=False)
+        if plot:
+            from protofed.plots import save_figure
+            from protofed.plots.partition import partition_figure
+
+            paths = save_figure(partition_figure(fed), out)
+            console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)
+
+
+@app.command()
+def embed(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    client: Annotated[int, typer.Option("--client", help="Whose personalized model.")] = 0,
+    other: Annotated[int, typer.Option("--other", help="How many other clients' data.")] = 3,
+    prototypes: Annotated[
+        bool,
+        typer.Option("--prototypes", help="t-SNE of the prototypes the run kept, instead."),
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="File prefix (default: embed_client<K> or embed_prototypes)."
+        ),
+    ] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """t-SNE of a client's personalized embeddings of its own and other clients' test data,
+    or (--prototypes) of the class prototypes kept across rounds (docs/figures.md)."""
+    with user_errors():
+        from protofed.api import Run
+        from protofed.plots import save_figure
+        from protofed.plots.embed import embedding_figure, prototype_figure
+
+        run_ = Run(run_dir)
+        if prototypes:
+            fig, default = prototype_figure(run_), "embed_prototypes"
+        else:
+            fig = embedding_figure(run_, client, other, data_dir=data_dir)
+            default = f"embed_client{client}"
+        paths = save_figure(fig, out if out is not None else Path(default))
+    console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)
 
 
 data_app = typer.Typer(

@@ -190,6 +190,12 @@ class EvalConfig(_Section):
     metric: Literal["f1", "acc"] = Field("f1", description="Metric the selection rule maximises.")
     generalization: bool = Field(True, description="Evaluate each client model on all test data.")
     batch_size: int = Field(1024, ge=1)
+    keep_prototypes_every: int = Field(
+        0,
+        ge=0,
+        description="Keep the class prototypes every k evaluated rounds in "
+        "RUN/prototypes/round_<r>.npz (for `protofed embed --prototypes`); 0: never.",
+    )
 
 
 class FlowerConfig(_Section):

@@ -9,6 +9,8 @@
                      fingerprint of the config, data and version, and the length and sha256
                      of metrics.jsonl at that round
     summary.json     written last: the run is complete when it exists
+    provenance.json  versions, git commit, machine, data files' sha256, command and times of
+                     each session (`protofed.provenance`)
     .lock            held (flock) by the one process writing the directory
 
 Files are written whole or not at all (`core.files.atomic_write`: fsync, rename, fsync).
@@ -38,8 +40,8 @@ except ImportError:  # pragma: no cover - Windows
 
 CONFIG, PARTITION, PARTITION_TXT = "config.yaml", "partition.json", "partition.txt"
 METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
-RUN, LOCK = "run.json", ".lock"
-FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY)
+RUN, LOCK, PROVENANCE = "run.json", ".lock", "provenance.json"
+FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY, PROVENANCE)
 CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
 
 

@@ -12,11 +12,13 @@ Conventions every loader follows, so partitioners and models never special-case 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,29 @@ def data_root(cfg: DataConfig) -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("protofed"))
+
+
+_READS: ContextVar[list[Path] | None] = ContextVar("protofed_data_reads", default=None)
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[list[Path]]:
+    """The data files protofed's loaders open inside the block, in order (each once): what a
+    run's provenance.json hashes. Plugin loaders are not seen."""
+    files: list[Path] = []
+    token = _READS.set(files)
+    try:
+        yield files
+    finally:
+        _READS.reset(token)
+
+
+def _reading(path: Path) -> Path:
+    """`path`, noted as read where `recording_reads` is active (every loader's file opens)."""
+    files = _READS.get()
+    if files is not None and path.absolute() not in files:
+        files.append(path.absolute())
+    return path
 
 
 def _missing(name: str, path: Path, source: str, also: str = "") -> ConfigError:
@@ -73,7 +98,7 @@ def _first_present(cfg: DataConfig, name: str, *relpaths: str) -> Path:
 def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray]:
     """Read the named arrays from an npz without pickle; a missing array names array and file."""
     try:
-        loaded = np.load(path, allow_pickle=False)
+        loaded = np.load(_reading(path), allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy renamed .npz
             raise ConfigError(f"{path}: a single .npy array, not an .npz archive of named arrays")
         with loaded as npz:
@@ -257,7 +282,7 @@ def _read_whitespace(path: Path) -> np.ndarray:
         raise ConfigError(
             f"uci_har: file not found: {path} (the '{_UCI_FOLDER}/' folder is incomplete)"
         )
-    return pd.read_csv(path, sep=r"\s+", header=None, dtype=np.float64).to_numpy()
+    return pd.read_csv(_reading(path), sep=r"\s+", header=None, dtype=np.float64).to_numpy()
 
 
 def _load_uci_folder(folder: Path, chans: list[int]) -> dict[str, Any]:
@@ -283,7 +308,8 @@ def _load_uci_folder(folder: Path, chans: list[int]) -> dict[str, Any]:
     names = _UCI_CLASSES
     labels_file = folder / "activity_labels.txt"
     if labels_file.is_file():
-        rows = [line.split() for line in labels_file.read_text().splitlines() if line.strip()]
+        text = _reading(labels_file).read_text()
+        rows = [line.split() for line in text.splitlines() if line.strip()]
         names = [r[1] for r in sorted(rows, key=lambda r: int(r[0]))]
     return {
         "X": np.concatenate(xs),
@@ -398,7 +424,7 @@ def _require_columns(frame: pd.DataFrame, path: Path, *columns: str) -> None:
 
 def _load_wisdm_features(cfg: DataConfig) -> Dataset:
     path = _require(cfg, "wisdm_features", "har/wisdm_features.csv")
-    frame = pd.read_csv(path, na_values="?")
+    frame = pd.read_csv(_reading(path), na_values="?")
     _require_columns(frame, path, "user", "class")
     y, class_names = _encode(frame["class"].astype(str))
     groups, group_names = _encode(frame["user"], "user")
@@ -424,7 +450,7 @@ _WESAD_DEMOGRAPHICS = ("age", "height", "weight")
 
 def _load_wesad(cfg: DataConfig) -> Dataset:
     path = _require(cfg, "wesad", "wearable/wesad_features.csv")
-    frame = pd.read_csv(path)
+    frame = pd.read_csv(_reading(path))
     _require_columns(frame, path, "subject", "label")
     y = _labels(frame["label"].to_numpy())
     if y.min() < 0 or y.max() >= len(_WESAD_CLASSES):
@@ -686,7 +712,7 @@ def _arrays_from_table(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str | None]:
     try:
         is_csv = path.suffix.lower() == ".csv"
-        frame = pd.read_csv(path) if is_csv else pd.read_parquet(path)
+        frame = pd.read_csv(_reading(path)) if is_csv else pd.read_parquet(_reading(path))
     except ImportError:
         raise ConfigError(
             f"{path}: reading parquet needs pyarrow (pip install 'protofed[parquet]')"

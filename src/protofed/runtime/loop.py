@@ -25,7 +25,9 @@ from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
 from protofed.evaluation import select_round
 from protofed.runs import RunDir, strict_json
 from protofed.runtime.fingerprint import fingerprint
+from protofed.runtime.keep import keep, keeps
 from protofed.runtime.prepare import POOLED, Prepared
+from protofed.runtime.provenance import begin_session, end_session
 
 log = logging.getLogger("protofed")
 
@@ -259,14 +261,25 @@ class RoundLoop:
         """Every remaining round, then the summary (written to the run directory, if any).
 
         A run that diverges (NaN or infinity in a reply or the server state) stops at once;
-        its summary has `status: diverged` and the reason.
+        its summary has `status: diverged` and the reason. provenance.json records the
+        session (its start, and its end and outcome however it ends).
         """
+        began, summary = False, None
         try:
-            return self._rounds(on_round)
+            if self.run_dir is not None:
+                data, device = self.prepared.data_files, self.cfg.train.device
+                begin_session(self.run_dir, data, device, self.transport.name)
+                began = True
+            summary = self._rounds(on_round)
+            return summary
         finally:
             self.transport.close()
             if self.run_dir is not None:
-                self.run_dir.unlock()
+                try:
+                    if began:
+                        end_session(self.run_dir, summary)
+                finally:
+                    self.run_dir.unlock()
 
     def _rounds(self, on_round: OnRound | None) -> dict:
         cfg = self.cfg
@@ -284,6 +297,10 @@ class RoundLoop:
                 self.history.append(record)
                 if self.run_dir is not None:
                     self.run_dir.append_metrics(record)
+                    if keeps(cfg, r):  # for figures; reads the state, changes nothing
+                        here = self.checkpoints  # client models built here, not fetched
+                        models = self.transport.client_models(self.server, r) if here else None
+                        keep(self.prepared, self.run_dir.path, self.server, r, models)
             if (
                 self.run_dir is not None
                 and self.checkpoints

@@ -17,6 +17,7 @@ from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.core.types import clone
 from protofed.data import data_root, load_plugins
 from protofed.data.federated import ClientData, FederatedData, build_federated
+from protofed.data.sources import recording_reads
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
@@ -49,6 +50,7 @@ class Prepared:
     algorithm: Algorithm
     dynamic: DynamicClasses | None = None  # data.dynamic: the per-round views of client data
     pooled: ClientData | None = None  # every client's data as one (algorithms that pool data)
+    data_files: tuple[Path, ...] = ()  # the files the loader read (hashed in provenance.json)
 
     def client_data(self, client: int, server_round: int) -> ClientData:
         """The data `client` trains on in `server_round` (the pooled data for POOLED)."""
@@ -68,7 +70,8 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
-    fed = build_federated(cfg.data, cfg.seed)
+    with recording_reads() as files:
+        fed = build_federated(cfg.data, cfg.seed)
     if device.type != "cpu":
         fed.clients = [c.to(device) for c in fed.clients]
     model, algorithm = build_model_and_algorithm(
@@ -82,7 +85,7 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
             )
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
-    return Prepared(cfg, fed, model, algorithm, dynamic, pooled)
+    return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
 
 
 def with_data_root(cfg: ExperimentConfig, data_dir: str | Path | None = None) -> ExperimentConfig:

@@ -1,0 +1,251 @@
+"""Live tracking and provenance (docs/tracking.md): TensorBoard scalars equal to metrics.jsonl,
+one plain line per evaluated round where stderr is a pipe, the progress bar's ETA, and
+provenance.json (versions, git, the data file's sha256, sessions across a resume)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import protofed
+from protofed.cli import app
+from protofed.tracking import duration
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENV = {
+    **os.environ,
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+# scikit-learn's digits; max_update_norm only adds a server metric (no reply is that far)
+DIGITS = [
+    "data.name=digits",
+    "data.num_clients=4",
+    "model.name=mlp",
+    "model.hidden=[16]",
+    "train.rounds=4",
+    "train.lr=0.1",
+    "eval.every=2",
+    "aggregation.max_update_norm=1000",
+    "train.threads=1",  # 2 cores shared with other tests: no oversubscribed threads
+]
+EVERY_ROUND = {"train/loss", "time/train_s", "time/aggregate_s", "time/round_s"}
+SCORES = {"acc", "acc_std", "f1", "f1_std"}
+EVALUATED = (
+    {f"{p}/{k}" for p in ("personalization", "generalization", "validation") for k in SCORES}
+    | {"global/acc", "global/f1", "global/f1_std"}
+    | {"comm/up_bytes", "comm/down_bytes", "time/eval_s"}
+)
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for item in overrides for arg in ("-s", item)]
+
+
+def _metric(record: dict, tag: str) -> float:
+    """The metrics.jsonl value a TensorBoard tag stands for."""
+    prefix, name = tag.split("/")
+    if tag == "train/loss":
+        return record["train_loss"]
+    section = {"validation": "val"}.get(prefix, prefix)
+    return record[section][name]
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
+
+
+def _check_scalars(run: Path, rounds: int) -> None:
+    """Each tag once per round (per evaluated round for scores), equal to metrics.jsonl."""
+    records = {
+        r["round"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    }
+    scalars = _scalars(run / "tensorboard")
+    server = {f"server/{k}" for k in records[rounds]["server"]}
+    assert server, "the config was chosen to give a server metric"
+    assert set(scalars) == EVERY_ROUND | EVALUATED | server
+    for tag, points in scalars.items():
+        steps = [s for s, _ in points]
+        every = tag in EVERY_ROUND or tag in server
+        assert steps == (list(range(1, rounds + 1)) if every else sorted(records)), tag
+        for step, value in points:
+            if step in records and tag != "time/round_s":
+                assert value == pytest.approx(_metric(records[step], tag), rel=1e-6), tag
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`protofed run --log tensorboard` in a subprocess, stderr a pipe (as under nohup)."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    args = [str(BIN / "protofed"), "run", "--out", str(out), "--log", "tensorboard"]
+    done = subprocess.run(
+        [*args, *_sets(DIGITS)], env=ENV, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    return out, done
+
+
+def test_tensorboard_scalars_are_the_metrics_of_each_round(cli_run):
+    out, _ = cli_run
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    _check_scalars(out, rounds=4)
+
+
+def test_a_piped_stderr_gets_one_plain_line_per_evaluated_round(cli_run):
+    out, done = cli_run
+    lines = [line for line in done.stderr.splitlines() if line.startswith("round ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for line, record in zip(lines, records, strict=True):
+        pers = f"pers F1 {100 * record['personalization']['f1']:.2f}%"
+        assert f"loss {record['train_loss']:.4f}" in line and pers in line, line
+        assert "gen F1 " in line and "global F1 " in line and " s/round  ETA " in line, line
+    assert lines[-1].endswith("ETA 0s")
+    assert "━" not in done.stderr  # no progress bar drawn into a log file
+
+
+def test_a_cli_run_records_its_command_and_no_data_file_for_digits(cli_run):
+    out, _ = cli_run
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["command"] == f"protofed run --out {out} --log tensorboard " + " ".join(
+        f"-s '{s}'" if "[" in s else f"-s {s}" for s in DIGITS
+    )
+    assert prov["data"] == []  # scikit-learn's digits: its version is the provenance
+    assert [(s["outcome"], s["engine"]) for s in prov["sessions"]] == [("complete", "builtin")]
+    assert prov["end"] == prov["sessions"][0]["end"]
+
+
+def test_the_progress_bar_shows_eta_loss_and_score_when_forced_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROTOFED_PROGRESS", "1")
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), *_sets(DIGITS)])
+    assert result.exit_code == 0, result.output
+    bar = [line for line in result.stderr.splitlines() if "━" in line]
+    assert bar, result.stderr
+    final = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    pers = f"pers F1 {100 * final['personalization']['f1']:.2f}%"
+    assert re.search(r"4/4 \d+:\d\d:\d\d ETA \d+:\d\d:\d\d loss \d\.\d{4}", bar[-1]), bar[-1]
+    assert pers in bar[-1], bar[-1]
+    assert not [line for line in result.stderr.splitlines() if line.startswith("round ")]
+
+
+def test_log_values_and_a_missing_tensorboard_are_one_line_errors(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "wandb", *_sets(DIGITS)])
+    assert result.exit_code == 2 and "unknown --log 'wandb'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if the extra were not installed
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "tensorboard"])
+    text = result.stderr.strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "pip install 'protofed[tensorboard]'" in text and not out.exists()
+
+
+def test_duration_reads_like_an_eta():
+    assert [duration(s) for s in (0, 12.4, 288, 3600 + 125, -3)] == [
+        "0s",
+        "12s",
+        "4m48s",
+        "1h02m",
+        "0s",
+    ]
+
+
+def _utc(stamp: str) -> dt.datetime:
+    assert stamp.endswith("Z"), stamp
+    return dt.datetime.fromisoformat(stamp[:-1] + "+00:00")
+
+
+def test_provenance_across_a_resume_with_tensorboard(tmp_path, shared_data):
+    """Killed after round 3 of 4 (checkpoint at 2), resumed from the CLI: two sessions, the data
+    file's sha256, the installed versions, and each round once in TensorBoard."""
+    out = tmp_path / "run"
+    config = {
+        "data": {"name": "uci_har", "dir": str(shared_data), "num_clients": 4},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {
+            "rounds": 4,
+            "checkpoint_every": 2,
+            "lr": 0.1,
+            "threads": 1,
+            "clients_per_round": 2,
+        },
+        "aggregation": {"max_update_norm": 1000},
+    }
+
+    class Killed(Exception):
+        pass
+
+    def kill(r: int, info: dict, record: dict | None) -> None:
+        if r == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        protofed.run(config, out, log="tensorboard", on_round=kill)
+    first = json.loads((out / "provenance.json").read_text())
+    assert first["sessions"][0]["outcome"] == "stopped" and first["end"] is None
+    resumed = subprocess.run(
+        [str(BIN / "protofed"), "run", "--resume", str(out), "--log", "tensorboard", "-q"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+
+    prov = protofed.load_run(out).provenance
+    assert prov == json.loads((out / "provenance.json").read_text())
+    assert set(prov) == {
+        *("protofed", "git", "python", "packages", "machine", "data"),
+        *("command", "start", "end", "sessions"),
+    }
+    data = shared_data / "har" / "uci_har.npz"
+    assert prov["data"] == [
+        {
+            "path": str(data.absolute()),
+            "bytes": data.stat().st_size,
+            "sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+        }
+    ]
+    assert prov["protofed"] == version("protofed")
+    assert prov["python"] == platform.python_version()
+    assert prov["packages"] == {
+        name: version(name) for name in ("torch", "numpy", "scikit-learn", "flwr")
+    }
+    assert prov["machine"]["cores"] == os.cpu_count() and prov["machine"]["device"] == "cpu"
+    git = ["git", "-C", str(REPO)]
+    if subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True).returncode == 0:
+        commit = prov["git"]["commit"]  # HEAD when it ran (a commit may have come since)
+        assert re.fullmatch("[0-9a-f]{40}", commit) and isinstance(prov["git"]["dirty"], bool)
+        ancestor = [*git, "merge-base", "--is-ancestor", commit, "HEAD"]
+        assert subprocess.run(ancestor, capture_output=True).returncode == 0, commit
+
+    one, two = prov["sessions"]
+    assert (one["command"], one["outcome"]) == ("python api", "stopped")
+    assert two["command"] == f"protofed run --resume {out} --log tensorboard -q"
+    assert two["outcome"] == "complete" and "changed" not in two  # same machine, same data
+    assert prov["command"] == one["command"] and prov["start"] == one["start"]
+    assert prov["end"] == two["end"]
+    times = [_utc(t) for t in (one["start"], one["end"], two["start"], two["end"])]
+    assert times == sorted(times)
+    # round 3 ran twice (the kill came after it); TensorBoard shows it once, as metrics.jsonl
+    _check_scalars(out, rounds=4)
