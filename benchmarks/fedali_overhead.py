@@ -6,9 +6,8 @@ of one `fit` (the algorithm's own client step: `train.local_epochs` epochs of Ad
 FedAli's includes the ALP layers' Sinkhorn plans and EMA updates), alternated between the two
 methods `--repeats` times after one warm-up fit each (median and min reported, so load from other processes hits both
 alike); the model's memory footprint (parameters, buffers, and the trainable part); the bytes
-one client sends up and receives per round; and the server's K-means time for one round of
-30 clients' local prototypes (each client's bank = the initial bank moved by one real `fit`
-of a different client, cycled), with `kmeans_iters` 300 (the default) and 10.
+one client sends up and receives per round. The server step (K-means of the clients'
+local prototypes) on real rounds is benchmarks/fedali_server_step.py.
 
 Usage: python benchmarks/fedali_overhead.py [--data-dir ../shared/data] [--repeats 3] [--device cuda]
        [--config configs/fedali_cifar10_dirichlet.yaml]
@@ -29,7 +28,7 @@ import torch
 
 from protofed.config import load_config
 from protofed.core.seeding import torch_generator
-from protofed.core.types import Reply, nbytes
+from protofed.core.types import nbytes
 from protofed.runtime import prepare
 from protofed.training.client import Client
 
@@ -77,7 +76,6 @@ def main() -> None:
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1, help="local epochs timed per fit")
-    parser.add_argument("--kmeans-clients", type=int, default=30, help="0: skip the server step")
     parser.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
     parser.add_argument("--config", default=CONFIG, help="a FedAli config (its backbone and data)")
     parser.add_argument("--out", default="benchmarks/out/fedali_overhead.json")
@@ -130,29 +128,10 @@ def main() -> None:
         "communication_round": (result["fedali"]["up_bytes"] + result["fedali"]["down_bytes"])
         / (result["fedavg"]["up_bytes"] + result["fedavg"]["down_bytes"]),
     }
-    if args.kmeans_clients > 0:
-        result["server_aggregate"] = kmeans_time(preps["fedali"], args.kmeans_clients)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-
-
-def kmeans_time(prep, clients: int) -> dict:
-    """The server step over `clients` clients' local prototypes (one real fit per distinct
-    client, cycled), with `kmeans_iters` 10 and 300."""
-    algo = prep.algorithm
-    server = algo.init_server()
-    distinct = min(4, len(prep.fed.clients))
-    replies = [timed_fit(prep, c, 2)[2] for c in range(distinct)]
-    kmeans = {}
-    for iters in (10, 300):
-        algo.params = algo.params.model_copy(update={"kmeans_iters": iters})
-        stream = (Reply(i, dict(replies[i % distinct]), {}, 100.0 + i) for i in range(clients))
-        t0 = time.perf_counter()
-        algo.aggregate(server, stream, 2)
-        kmeans[f"kmeans_iters_{iters}_s"] = time.perf_counter() - t0
-    return {"clients": clients, **kmeans}
 
 
 if __name__ == "__main__":

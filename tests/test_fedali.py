@@ -258,6 +258,7 @@ def test_paper_default_prototype_counts() -> None:
         "first_round_beta": 0.0,
         "gamma": 0.999,
         "kmeans_iters": 300,
+        "kmeans_backend": "torch",
     }
 
 
@@ -370,6 +371,24 @@ def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_
     glob = new[local.replace("local_", "global_")]
     assert glob.shape == start.shape
     assert (glob - start).norm(dim=1).max() <= (r0[local] - r1[local]).norm(dim=1).max() + 1e-4
+
+
+def test_torch_and_sklearn_server_kmeans_give_the_same_global_prototypes() -> None:
+    """The server step with `kmeans_backend` torch (default) and sklearn (float64) on three
+    clients' trained banks: the same global prototypes to float32 rounding."""
+    model = _model()
+    banks = {}
+    for backend in ("torch", "sklearn"):
+        algo = build_algorithm("fedali", {"kmeans_backend": backend}, _setting(_model()))
+        server = algo.init_server()
+        msg = algo.configure(server, 0, 2)
+        replies = [
+            Reply(c, algo.fit(_client(model, c), msg, {}).reply, {}, float(10 + c))
+            for c in range(3)
+        ]
+        banks[backend] = algo.aggregate(server, iter(replies), 2).server[GLOBAL_BANKS]
+    for name, bank in banks["torch"].items():
+        assert torch.allclose(bank, banks["sklearn"][name], atol=1e-5, rtol=0)
 
 
 # a short real run ---------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """The shared prototype toolkit on small hand-made inputs."""
 
+import functools
+from pathlib import Path
+
+import numpy as np
 import torch
 from sklearn.datasets import make_blobs
 
@@ -76,3 +80,70 @@ def test_nearest_prototype_head_matches_euclidean_argmin():
     dist = torch.cdist(f, protos)
     dist[:, 2] = float("inf")
     assert torch.equal(pred, dist.argmin(1))
+
+
+# K-means in torch (`lloyd`, FedAli's server) against scikit-learn's float64 -------------------
+@functools.cache
+def _har_windows(path: Path) -> torch.Tensor:
+    """All real UCI-HAR windows, 9 channels subsampled to 16 steps: 144-d real vectors."""
+    raw = np.load(path, allow_pickle=False)
+    return torch.as_tensor(raw["X"][:, :, ::8].reshape(len(raw["X"]), -1).copy())
+
+
+def _har_vectors(shared_data: Path, n: int) -> torch.Tensor:
+    """The first `n` of `_har_windows` (loaded once per session)."""
+    return _har_windows(shared_data / "har" / "uci_har.npz")[:n]
+
+
+def _inertia(x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor) -> float:
+    return float(((x.double() - centroids.double()[labels]) ** 2).sum())
+
+
+def test_torch_kmeans_matches_sklearn_on_fedali_like_banks(shared_data):
+    """8 clients' banks of 256 prototypes: a shared bank of real windows, each client's moved
+    by EMA toward its own real windows (as ALP layers do); start at their average, the
+    prototype's slot as the guess (FedAli's server step). Same centroids as scikit-learn to
+    float32 rounding, same labels, identical on a rerun."""
+    x = _har_vectors(shared_data, 256 + 8 * 256)
+    base, own = x[:256], x[256:].reshape(8, 256, -1)
+    banks = 0.97 * base + 0.03 * own  # (8, 256, 144)
+    points, start = banks.reshape(-1, banks.shape[-1]), banks.mean(0)
+    guess = torch.arange(256).repeat(8)
+    ref_c, ref_l = kmeans(points, 256, init=start)
+    new_c, new_l = kmeans(points, 256, init=start, backend="torch", guess=guess)
+    assert torch.equal(new_l, ref_l)
+    assert torch.allclose(new_c, ref_c, atol=1e-5, rtol=0)
+    assert _inertia(points, new_c, new_l) / _inertia(points, ref_c, ref_l) < 1 + 1e-5
+    again = kmeans(points, 256, init=start, backend="torch", guess=guess)
+    assert torch.equal(again[0], new_c) and torch.equal(again[1], new_l)
+    # the guess only saves work: a wrong one, or none, gives the same clustering
+    wrong = kmeans(points, 256, init=start, backend="torch", guess=guess.roll(1))
+    assert torch.equal(wrong[1], new_l) and torch.allclose(wrong[0], new_c, atol=1e-6)
+
+
+def test_torch_kmeans_on_overlapping_real_data_within_a_factor_of_sklearn(shared_data):
+    """2000 real windows into 64 clusters from the first 64 (no separation to prune with:
+    the full-distance path, many iterations): inertia within 0.1 % of scikit-learn's."""
+    x = _har_vectors(shared_data, 2000)
+    ref_c, ref_l = kmeans(x, 64, init=x[:64])
+    new_c, new_l = kmeans(x, 64, init=x[:64], backend="torch")
+    ratio = _inertia(x, new_c, new_l) / _inertia(x, ref_c, ref_l)
+    assert 0.999 < ratio < 1.001
+    assert (new_l == ref_l).double().mean() > 0.95
+    again = kmeans(x, 64, init=x[:64], backend="torch")
+    assert torch.equal(again[0], new_c) and torch.equal(again[1], new_l)
+
+
+def test_torch_kmeans_relocates_an_empty_cluster_as_sklearn_does(shared_data):
+    """A starting centroid far from every point is empty after the first assignment and
+    takes the point farthest from its centroid, as in scikit-learn."""
+    x = _har_vectors(shared_data, 600)
+    init = torch.cat([x[:9], x[:1] + 100.0])  # centroid 9 is nobody's nearest
+    ref_c, ref_l = kmeans(x, 10, init=init, max_iter=1)
+    new_c, new_l = kmeans(x, 10, init=init, max_iter=1, backend="torch")
+    assert (new_l == 9).any()
+    assert torch.allclose(new_c, ref_c, atol=1e-5, rtol=0)
+    full_ref = kmeans(x, 10, init=init)
+    full_new = kmeans(x, 10, init=init, backend="torch")
+    ratio = _inertia(x, *full_new) / _inertia(x, *full_ref)
+    assert 0.999 < ratio < 1.001
