@@ -5,6 +5,7 @@ resume)."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -144,3 +145,21 @@ def test_resume_reads_data_from_data_dir_when_the_root_moved(office_root, tmp_pa
     (out / "summary.json").unlink()
     monkeypatch.setenv("PROTOFED_DATA", str(moved))
     assert runner.invoke(app, ["run", "--resume", str(out)]).exit_code == 0
+
+
+PAPER_CONFIGS = sorted(
+    p
+    for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")
+    if p.name.split("_")[0] in ("fedala", "fedali", "feddpa", "fedsub", "pfpl", "baselines")
+)
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
+def test_a_papers_config_sets_every_key_the_data_set_defaults_would_fill(path):
+    """A paper's recipe is the config's own: the data-set defaults (momentum 0.9 and more)
+    must never change it. They once did: FedSub's plain SGD silently trained with momentum."""
+    from protofed.config import load_raw, with_dataset_defaults
+
+    raw = load_raw(path)
+    filled = with_dataset_defaults(raw)
+    assert filled == raw, f"{path.name} leaves unset what the data set's defaults fill"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from protofed.config import build_config
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir
 
@@ -216,8 +217,18 @@ def run_row(
         if isinstance(value, int | float) and not isinstance(value, bool):
             row[f"server.{key}"] = float(value)
     row["path"] = str(run.path)
-    row["config"] = flatten(run.config())
+    row["config"] = flatten(_resolved(run.config()))
     return row
+
+
+def _resolved(raw: dict) -> dict:
+    """The run's config with today's defaults filled in, so that a key added to protofed
+    after some runs were made (their config.yaml lacks it) does not split their group; the
+    file as written if it no longer validates."""
+    try:
+        return build_config(raw).to_dict()
+    except ConfigError:
+        return raw
 
 
 def collect(

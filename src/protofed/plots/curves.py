@@ -32,7 +32,7 @@ CURVES = [
     ("pers_f1", "personalization macro-F1 (%)", True),
     ("gen_f1", "generalization macro-F1 (%)", True),
     ("global_f1", "global model macro-F1 (%)", True),
-    ("train_loss", "training loss (log scale)", False),
+    ("train_loss", "training loss (log scale, geometric mean)", False),
 ]
 CONFIDENCE = 0.95
 BAND_ALPHA = 0.2
@@ -158,8 +158,12 @@ def learning_curves(groups: Sequence[Group], title: str | None = None) -> Figure
     handles: list = []
     for ax, (column, label, score, data) in zip(flat, panels, strict=False):
         scale = 100.0 if score else 1.0
+        log_scale = column == "train_loss" and all((v[np.isfinite(v)] > 0).all() for _, v in data)
         for g, color, (rounds, values) in zip(groups, colors, data, strict=True):
-            mean, low, high = mean_band(values * scale)
+            if log_scale:  # a loss on a log axis: the band of log(loss), which stays positive
+                mean, low, high = np.exp(mean_band(np.log(values)))
+            else:
+                mean, low, high = mean_band(values * scale)
             if score:  # a score lies in [0, 100]: so does the part of its band worth drawing
                 low, high = np.clip(low, 0, 100), np.clip(high, 0, 100)
             few = len(rounds) <= 12  # a run scored a few times: its points, not only a line
@@ -180,7 +184,7 @@ def learning_curves(groups: Sequence[Group], title: str | None = None) -> Figure
             ax.axvline(
                 rnd, color="grey", ls=":", lw=0.9, label="a class returns" if k == 0 else None
             )
-        if column == "train_loss" and all((v[np.isfinite(v)] > 0).all() for _, v in data):
+        if log_scale:
             ax.set_yscale("log")
         ax.set_xlabel("round")
         ax.set_ylabel(label)
