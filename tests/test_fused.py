@@ -59,3 +59,17 @@ def test_not_used_where_it_would_change_the_maths():
         train_epochs(b, x, y, off, torch.Generator().manual_seed(0))
         for k, v in a.state_dict().items():
             assert torch.equal(v, b.state_dict()[k])  # both took the autograd loop
+
+
+def test_optimizers_are_torchs_own_with_nesterov_and_adamw() -> None:
+    """momentum, Nesterov and AdamW come from torch.optim, so their arithmetic is torch's."""
+    from protofed.config import TrainConfig
+    from protofed.training.loop import make_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    sgd = make_optimizer(params, TrainConfig(momentum=0.9, nesterov=True), None)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["nesterov"] is True
+    plain = make_optimizer(params, TrainConfig(nesterov=True), None)  # no momentum: no Nesterov
+    assert plain.defaults["nesterov"] is False
+    adamw = make_optimizer(params, TrainConfig(optimizer="adamw", weight_decay=0.01), 1e-3)
+    assert type(adamw) is torch.optim.AdamW and adamw.defaults["lr"] == 1e-3

@@ -161,9 +161,10 @@ class TrainConfig(_Section):
     rounds: int = Field(20, ge=1)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
+    nesterov: bool = Field(False, description="Nesterov momentum (SGD with momentum > 0).")
     weight_decay: float = Field(0.0, ge=0)
     client_fraction: float = Field(1.0, gt=0, le=1)
     clients_per_round: int | None = Field(None, ge=1, description="Overrides client_fraction.")
@@ -216,6 +217,13 @@ class FlowerConfig(_Section):
         0.0,
         ge=0,
         description="Simulation: GPUs per ClientApp (0.5: two share one); train.device=cuda needs > 0.",
+    )
+    ray_address: str | None = Field(
+        None,
+        min_length=1,
+        description="Simulation: the Ray cluster to run on, 'HOST:PORT' of its head or 'auto' "
+        "(RAY_ADDRESS, else the last `ray start` on this machine); None: a Ray instance of "
+        "the run's own, even if RAY_ADDRESS is set (docs/flower.md, On a Ray cluster).",
     )
 
 

@@ -28,10 +28,16 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     lr = train.lr if lr is None else lr
     params = list(params)
-    if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay, foreach=True)
+    if train.optimizer in ("adam", "adamw"):
+        cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
+        return cls(params, lr=lr, weight_decay=train.weight_decay, foreach=True)
     return torch.optim.SGD(
-        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay, foreach=True
+        params,
+        lr=lr,
+        momentum=train.momentum,
+        weight_decay=train.weight_decay,
+        nesterov=train.nesterov and train.momentum > 0,
+        foreach=True,
     )
 
 
