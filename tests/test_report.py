@@ -203,7 +203,7 @@ def test_figures_draw_the_runs_numbers(sweep, tmp_path):
         "personalization macro-F1 (%)",
         "generalization macro-F1 (%)",
         "global model macro-F1 (%)",
-        "training loss (log scale)",
+        "training loss (log scale, geometric mean)",
     ]
     assert len(pers.lines) == 2  # one per group
     bands = [c for c in pers.collections if isinstance(c, PolyCollection)]

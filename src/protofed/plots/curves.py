@@ -231,20 +231,10 @@ def client_distributions(groups: Sequence[Group], title: str | None = None) -> F
             zorder=3,
             edgecolors="none",
         )
-    ax.set_xticks(positions, [_tick_label(g.label) for g in groups])
+    ax.set_xticks(positions, [f"{_tick_label(g.label)}\n(n={g.n})" for g in groups])
     if len(groups) > 6:
         ax.tick_params(axis="x", labelrotation=30)
     ax.set_xlabel("group (n = runs)")
-    for pos, g in zip(positions, groups, strict=True):
-        ax.annotate(
-            f"n={g.n}",
-            (pos, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(0, -10),
-            textcoords="offset points",
-            ha="center",
-            fontsize=8,
-        )
     ax.set_ylabel("personalization macro-F1 per client (%)")
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(title or "Per-client personalization F1, clients of all seeds", fontsize=10)
