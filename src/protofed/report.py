@@ -68,8 +68,10 @@ IGNORED_KEYS = (
     "train.fused",
     "train.checkpoint_every",
     "eval.batch_size",
+    "eval.keep_prototypes_every",
     "flower.timeout_s",
     "flower.client_cpus",
+    "flower.ray_address",
     "flower.client_gpus",
 )
 # the columns the printed table keeps (a terminal is narrow; the Markdown has them all)

@@ -370,6 +370,12 @@ def run_simulations(
     Returns each experiment's summary, or the exception that stopped it (the next one still
     runs). Every process the session started (Ray's raylet, GCS, actors) is waited for by
     its PID when it ends, and killed if it does not exit.
+
+    With `flower.ray_address` the session attaches to that Ray cluster instead (its actors
+    spread over the cluster's nodes) and starts no Ray process: the cluster's processes are
+    not this process's descendants, so neither this clean-up nor the `Reaper` (both touch
+    descendants only) ever kills them. Without it the session starts its own instance
+    (`address="local"`), never one it found (RAY_ADDRESS, the last `ray start`).
     """
     import psutil
     from flwr.simulation import run_simulation
@@ -412,7 +418,11 @@ def run_simulations(
     first = loops[0].cfg.flower
     backend = {
         "client_resources": {"num_cpus": first.client_cpus, "num_gpus": first.client_gpus},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+        "init_args": {
+            "logging_level": "ERROR",
+            "log_to_driver": False,
+            "address": first.ray_address or "local",
+        },
     }
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level

@@ -5,7 +5,9 @@ re-parented to init, and nothing tells them). `run_simulations` starts this watc
 script of its own (`python reaper.py PID`; it imports psutil only, so it starts in
 ~0.1 s): it keeps the set of PID's descendants, and when PID is gone it kills them and
 their own children. A normal end stops the watchdog first (`Reaper.stop`), so it never
-touches what the driver's own clean-up handles.
+touches what the driver's own clean-up handles. A Ray cluster the driver attached to
+(`flower.ray_address`) runs in processes `ray start` spawned, never the driver's
+descendants: the watchdog never kills them (tests/test_ray_cluster.py).
 """
 
 from __future__ import annotations
