@@ -247,6 +247,62 @@ def run(
     print_summary(summary, out)
 
 
+@app.command()
+def pretrain(
+    config: ConfigFile = None,
+    set_: Overrides = [],  # noqa: B006
+    out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint file to write.")] = Path(
+        "runs/pretrain/encoder.safetensors"
+    ),
+    data_dir: DataDir = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
+    windows of the other HAR sets (FedAli 5.4; docs/pretraining.md); use with -s model.init=OUT."""
+    from protofed.training.pretrain import Pretraining, checkpoint_format, save_checkpoint
+
+    with user_errors():
+        cfg = _config(config, set_, data_dir)
+        if out.exists() and not force:
+            raise ConfigError(f"{out} exists (--force to overwrite it)")
+        job = Pretraining.build(cfg)
+        err_console.print(job.describe(), highlight=False, soft_wrap=True)
+        show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
+        with (
+            Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=err_console,
+                disable=not show,
+                transient=False,
+            ) as bar,
+            terminate_as_interrupt(),
+        ):
+            task = bar.add_task("pretrain", total=cfg.pretrain.epochs, status="")
+
+            def on_epoch(epoch: int, loss: float) -> None:
+                bar.update(task, completed=epoch, status=f"loss {loss:.4f}")
+                if not show and not quiet:
+                    print(f"epoch {epoch}/{cfg.pretrain.epochs} loss {loss:.4f}", file=sys.stderr)
+
+            try:
+                job.run(on_epoch)
+            except KeyboardInterrupt:
+                err_console.print("interrupted: nothing written", highlight=False)
+                raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        save_checkpoint(out, job.checkpoint())
+    console.print(
+        f"checkpoint: {out}, {checkpoint_format()}; start a run from it with -s model.init={out}",
+        highlight=False,
+    )
+
+
 @app.command("list")
 def list_() -> None:
     """Every algorithm, data set, partitioner and model, one line each (plugins included)."""

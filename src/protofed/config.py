@@ -145,6 +145,17 @@ class ModelConfig(_Section):
     alp: AlpConfig = Field(
         default_factory=AlpConfig, description="FedAli's ALP layers (hart, vit_tiny)."
     )
+    init: str | None = Field(
+        None,
+        description="Start from this `protofed pretrain` checkpoint: encoder weights and ALP "
+        "prototype banks (docs/pretraining.md); the 1024-unit layer and the head stay new.",
+    )
+
+    @field_validator("init")
+    @classmethod
+    def _init_absolute(cls, v: str | None) -> str | None:
+        """Stored absolute, like data.dir: a resumed run must name the same file."""
+        return None if v is None else str(Path(v).expanduser().absolute())
 
 
 class AlgorithmConfig(BaseModel):
@@ -263,6 +274,30 @@ class AggregationConfig(_Section):
     )
 
 
+class PretrainConfig(_Section):
+    """`protofed pretrain`: FedAli's masked-autoencoder pre-training of HART (section 5.4;
+    docs/pretraining.md). Read by that command only; a run sees its result through
+    `model.init`, so these keys are not part of a run's fingerprint."""
+
+    datasets: list[str] | None = Field(
+        None,
+        description="Unlabeled window sets pooled for pre-training; None: every HAR window set "
+        "except data.name (uci_har, wisdm, hhar).",
+    )
+    mask_ratio: float = Field(
+        0.6, gt=0, lt=1, description="Share of tokens masked (official code: 0.6, floor)."
+    )
+    epochs: int = Field(100, ge=1, description="Passes over the pooled windows.")
+    batch_size: int = Field(64, ge=1)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.05, ge=0, description="AdamW decay (MAE's 0.05).")
+    max_windows: int | None = Field(
+        None, ge=1, description="Keep at most this many windows per data set (quick looks)."
+    )
+    decoder_blocks: int = Field(4, ge=1, description="HART blocks in the decoder (official: 4).")
+
+
 class ExperimentConfig(_Section):
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
@@ -272,6 +307,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -184,21 +184,32 @@ class HartFeatures(nn.Module):
             .reshape(b, self.tokens, c * FRAME)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def patches(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, T) -> (B, Z, C * FRAME): every token's raw samples, the sensor-wise layout
+        the projections read (accelerometer frame, then gyroscope frame); MAE's target."""
         if self.split:
+            return torch.cat([self.frames(x, slice(0, 3)), self.frames(x, slice(3, 6))], dim=-1)
+        return self.frames(x, slice(None))
+
+    def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """Patches (B, Z, C * FRAME) -> embedded tokens (B, Z, d), position added."""
+        if self.split:
+            half = patches.shape[-1] // 2
             h = torch.cat(
-                [
-                    self.proj_acc(self.frames(x, slice(0, 3))),
-                    self.proj_gyro(self.frames(x, slice(3, 6))),
-                ],
-                dim=-1,
+                [self.proj_acc(patches[..., :half]), self.proj_gyro(patches[..., half:])], dim=-1
             )
         else:
-            h = self.proj(self.frames(x, slice(None)))
-        h = h + self.pos
+            h = self.proj(patches)
+        return h + self.pos
+
+    def encode(self, h: torch.Tensor) -> torch.Tensor:
+        """The blocks and the final LayerNorm on any subset of tokens (MAE: the visible ones)."""
         for block in self.blocks:
             h = block(h)
-        h = self.norm(h).mean(dim=1)
+        return self.norm(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encode(self.embed_patches(self.patches(x))).mean(dim=1)
         return self.dropout(F.relu(self.embed(h)))
 
 

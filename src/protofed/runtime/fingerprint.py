@@ -15,6 +15,7 @@ from typing import Any
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
+from protofed.runtime.provenance import file_sha256
 
 EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads", "eval.keep_prototypes_every")
 """Config keys that say where the data lie, how fast to run and what is kept for figures, not
@@ -34,13 +35,25 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def fingerprint(prepared: Prepared) -> dict[str, str]:
-    """The config (execution keys left out), the data's sha256 and protofed's version."""
-    config = {k: v for k, v in flatten(prepared.cfg.to_dict()).items() if k not in EXECUTION_KEYS}
-    return {
+    """The config (execution keys left out), the data's sha256 and protofed's version.
+
+    `pretrain.*` only configures `protofed pretrain`; `model.init` counts by its file's
+    sha256 (entry "init", present only when set, so older checkpoints still match), not by
+    its path: a file overwritten under the same name must not resume silently.
+    """
+    config = {
+        k: v
+        for k, v in flatten(prepared.cfg.to_dict()).items()
+        if k not in EXECUTION_KEYS and k != "model.init" and not k.startswith("pretrain.")
+    }
+    out = {
         "config": json.dumps(config, sort_keys=True),
         "data": prepared.fed.fingerprint(),
         "protofed": protofed_version(),
     }
+    if prepared.cfg.model.init is not None:
+        out["init"] = file_sha256(Path(prepared.cfg.model.init))
+    return out
 
 
 def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: int) -> None:
@@ -54,6 +67,8 @@ def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: i
             changes.append(f"{key} {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}")
     if saved.get("data") != current["data"]:
         changes.append("the data (its files or their partition)")
+    if saved.get("init") != current.get("init"):
+        changes.append("model.init (the pre-trained checkpoint's contents)")
     if changes:
         shown = "; ".join(changes[:4]) + (
             f"; and {len(changes) - 4} more" if len(changes) > 4 else ""

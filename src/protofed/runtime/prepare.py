@@ -22,6 +22,7 @@ from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
 from protofed.runtime.dynamic import DynamicClasses, client_data
+from protofed.training.pretrain import load_init
 
 POOLED = -1
 """The client id of the pooled reference client (`centralized`): all clients' data in one."""
@@ -114,6 +115,8 @@ def build_model_and_algorithm(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
         model = build_model(cfg.model, input_shape, num_classes)
+    if cfg.model.init is not None:  # `protofed pretrain`'s encoder and prototypes
+        load_init(model, cfg.model.init)
     model.to(device)
     setting = Setting(
         num_clients=num_clients,

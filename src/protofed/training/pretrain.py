@@ -1,0 +1,395 @@
+"""FedAli's unsupervised pre-training: HART's encoder as a masked autoencoder (MAE).
+
+FedAli section 5.4: HART with its ALP layers is pre-trained "in a self-supervised manner
+using MAE (He et al. 2022)" on public HAR sets other than the target; the encoder and the
+local prototypes then start federated training (the 1024-unit layer and the head stay new),
+and the pre-trained local prototypes become the initial global ones. docs/pretraining.md
+gives the objective and every setting settled here; in short:
+
+- Tokens are HART's own: non-overlapping frames of 16 samples (`HartFeatures.patches`),
+  projected and position-embedded by the encoder (`HartFeatures.embed_patches`).
+- Masking: floor(mask_ratio * Z) random tokens per window (official code: 0.6, so 4 of 8);
+  the encoder (`HartFeatures.encode`: the blocks, ALP layers included, and the final
+  LayerNorm) sees the visible tokens only, in time order (HART's convolution branch runs
+  along the token axis).
+- Decoder (MAE's design with the official code's body): a linear map of the encoded tokens,
+  a learned mask token at every masked position, the full sequence back in time order with
+  a decoder position embedding, `decoder_blocks` HART blocks without ALP (kernels 3, 7, 7,
+  15 as the official decoder), LayerNorm, and a per-token linear layer to the 16 x C raw
+  samples of the token. The loss is the MSE on the masked tokens only.
+- ALP layers run in training mode, so their local prototypes move by the EMA of
+  nn/alp.py. There is no server here: they align to their own local prototypes
+  (`use_global=False`), which is the same plan and assignment as a global bank kept equal
+  to the local one (Sinkhorn over [P; P] is the plan over P split in two halves).
+- Data (`pooled_windows`): every window of the other HAR sets, labels never used, the
+  target's channels picked by meaning (accelerometer / gyroscope axes), each set z-scored
+  per channel over its own windows, linearly resampled to the target's window length when
+  it differs.
+
+The checkpoint is a flat dict of tensors named as in the model's state_dict (encoder
+weights and every ALP layer's local bank, no global banks, no beta/gamma), plus `__meta__`
+(JSON as uint8): safetensors when installed, else `torch.save`, loaded back with
+`torch.load(weights_only=True)`. `load_init` reads it into a model (`model.init`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protofed.config import DataConfig, ExperimentConfig
+from protofed.core.files import atomic_write_bytes
+from protofed.core.seeding import MODEL_INIT, derive_seed
+from protofed.data import load_dataset
+from protofed.errors import ConfigError
+from protofed.models import build_model
+from protofed.models.transformers import DIM, FRAME, HartBlock
+from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL, alp_layers
+
+PRETRAIN = 1019
+"""Seed stream of pre-training (decoder init, masks, batch order), apart from core.seeding's."""
+
+HAR_WINDOWS = ("uci_har", "wisdm", "hhar")
+"""The registered raw-window HAR sets; the default pool is these minus the target."""
+
+DECODER_KERNELS = (3, 7, 7, 15)  # the official HART_decoder's convolution kernels
+META = "__meta__"
+FORMAT = "protofed-pretrain-1"
+
+
+def canonical_channel(name: str) -> str:
+    """A channel's meaning across data sets: UCI-HAR's total (gravity-included) acceleration
+    is what WISDM's and HHAR's phone accelerometers record; its body_gyro is a gyroscope."""
+    for prefix, kind in (("total_acc_", "acc_"), ("body_gyro_", "gyro_")):
+        if name.startswith(prefix):
+            return kind + name[len(prefix) :]
+    return name
+
+
+def is_encoder_key(name: str) -> bool:
+    """A state_dict entry `model.init` carries: HART's encoder and the ALP local banks
+    (not the 1024-unit layer, the head, the global banks or the per-round beta/gamma)."""
+    if not name.startswith("features.") or name.startswith("features.embed."):
+        return False
+    return name.rsplit(".", 1)[-1] not in (GLOBAL, BETA, GAMMA)
+
+
+# ------------------------------------------------------------------------------ the data
+@dataclass
+class Pool:
+    """Unlabeled windows (N, C, T) pooled from several data sets, with what was done."""
+
+    x: torch.Tensor
+    counts: dict[str, int]
+    channels: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _resample(x: np.ndarray, length: int) -> np.ndarray:
+    if x.shape[-1] == length:
+        return x
+    t = torch.from_numpy(x)
+    return F.interpolate(t, size=length, mode="linear", align_corners=False).numpy()
+
+
+def pooled_windows(cfg: ExperimentConfig) -> Pool:
+    """The pre-training windows for the target `cfg.data` (see the module docstring)."""
+    target = load_dataset(cfg.data)
+    if target.kind != "sensor" or target.X.ndim != 3:
+        raise ConfigError(f"pretrain: data.name={cfg.data.name} is not a set of sensor windows")
+    want = [canonical_channel(str(c)) for c in target.meta.get("channels", [])]
+    length = target.X.shape[-1]
+    names = cfg.pretrain.datasets or [n for n in HAR_WINDOWS if n != cfg.data.name]
+    if cfg.data.name in names:
+        raise ConfigError(
+            f"pretrain.datasets includes the target data set '{cfg.data.name}': its test "
+            "windows would be seen in pre-training"
+        )
+    xs, counts, notes = [], {}, []
+    for i, name in enumerate(names):
+        ds = load_dataset(DataConfig(name=name, channels="all", dir=cfg.data.dir))
+        if ds.kind != "sensor" or ds.X.ndim != 3:
+            raise ConfigError(f"pretrain.datasets: '{name}' is not a set of sensor windows")
+        have = [canonical_channel(str(c)) for c in ds.meta.get("channels", [])]
+        missing = [c for c in want if c not in have]
+        if missing:
+            notes.append(f"{name} skipped: no {', '.join(missing)}")
+            continue
+        x = ds.X[:, [have.index(c) for c in want]].astype(np.float64)  # ds.y is never read
+        if cfg.pretrain.max_windows is not None and len(x) > cfg.pretrain.max_windows:
+            rng = np.random.default_rng(derive_seed(cfg.seed, PRETRAIN, 1, i))
+            x = x[np.sort(rng.choice(len(x), cfg.pretrain.max_windows, replace=False))]
+        std = x.std(axis=(0, 2), keepdims=True)
+        x = (x - x.mean(axis=(0, 2), keepdims=True)) / np.where(std > 0, std, 1.0)
+        if x.shape[-1] != length:
+            notes.append(f"{name}: windows of {x.shape[-1]} samples resampled to {length}")
+        xs.append(_resample(x.astype(np.float32), length))
+        counts[name] = len(x)
+    if not xs:
+        raise ConfigError(
+            f"pretrain: no data set to pre-train on for {cfg.data.name}'s channels "
+            f"({', '.join(want)}): {'; '.join(notes) or 'none listed'}"
+        )
+    return Pool(torch.from_numpy(np.concatenate(xs)), counts, want, notes)
+
+
+# ----------------------------------------------------------------------------- the model
+class MaskedAutoencoder(nn.Module):
+    """HART's encoder (`features`, shared with the classifier) plus an MAE decoder."""
+
+    def __init__(self, features: nn.Module, mask_ratio: float, decoder_blocks: int) -> None:
+        super().__init__()
+        self.features = features
+        self.num_tokens = int(features.tokens)
+        self.num_mask = min(self.num_tokens - 1, max(1, int(mask_ratio * self.num_tokens)))
+        self.decoder_embed = nn.Linear(DIM, DIM)
+        self.mask_token = nn.Parameter(torch.randn(1, 1, DIM) * 0.02)
+        self.decoder_pos = nn.Parameter(torch.randn(1, self.num_tokens, DIM) * 0.02)
+        rates = torch.linspace(0, 0.1, decoder_blocks).tolist()  # official: 0 .. 0.1
+        kernels = [DECODER_KERNELS[i % len(DECODER_KERNELS)] for i in range(decoder_blocks)]
+        self.decoder = nn.ModuleList(
+            HartBlock(DIM, k, r, None) for k, r in zip(kernels, rates, strict=True)
+        )
+        self.decoder_norm = nn.LayerNorm(DIM)
+        self.predict = nn.Linear(DIM, features.channels * FRAME)
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The mean squared error on the masked tokens of windows x (B, C, T)."""
+        target = self.features.patches(x)  # (B, Z, C * FRAME)
+        tokens = self.features.embed_patches(target)
+        b, z, d = tokens.shape
+        order = torch.rand(b, z, generator=generator).to(x.device).argsort(dim=1)
+        masked = order[:, : self.num_mask].sort(dim=1).values
+        keep = order[:, self.num_mask :].sort(dim=1).values  # time order for the convolutions
+        visible = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, d))
+        encoded = self.decoder_embed(self.features.encode(visible))
+        h = self.mask_token.expand(b, z, d).scatter(
+            1, keep.unsqueeze(-1).expand(-1, -1, d), encoded
+        )
+        h = h + self.decoder_pos
+        for block in self.decoder:
+            h = block(h)
+        pred = self.predict(self.decoder_norm(h))
+        index = masked.unsqueeze(-1).expand(-1, -1, target.shape[-1])
+        return F.mse_loss(pred.gather(1, index), target.gather(1, index))
+
+
+# -------------------------------------------------------------------------- pre-training
+@dataclass
+class Pretraining:
+    """Everything validated and built: data, model, decoder, optimizer (see `build`)."""
+
+    cfg: ExperimentConfig
+    pool: Pool
+    model: nn.Module
+    mae: MaskedAutoencoder
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    losses: list[float] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, cfg: ExperimentConfig) -> Pretraining:
+        """Every config error surfaces here, before any training or writing."""
+        if cfg.model.name != "hart":
+            raise ConfigError(f"pretrain: model.name must be hart (got '{cfg.model.name}')")
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        device = torch.device(cfg.train.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"train.device={cfg.train.device} but no CUDA device is available")
+        pool = pooled_windows(cfg)
+        shape = tuple(pool.x.shape[1:])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))  # where a run would start
+            model = build_model(cfg.model, shape, 2)
+            torch.manual_seed(derive_seed(cfg.seed, PRETRAIN, 2))
+            mae = MaskedAutoencoder(
+                model.features, cfg.pretrain.mask_ratio, cfg.pretrain.decoder_blocks
+            )
+        for alp in alp_layers(mae).values():
+            alp.use_global = False  # no server: align to the layer's own prototypes
+        mae.to(device)
+        p = cfg.pretrain
+        params = list(mae.parameters())
+        if p.optimizer == "sgd":
+            optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=p.lr, momentum=0.9)
+        elif p.optimizer == "adam":
+            optimizer = torch.optim.Adam(params, lr=p.lr)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
+        return cls(cfg, pool, model, mae, optimizer, device)
+
+    def describe(self) -> str:
+        sets = ", ".join(f"{k} {v}" for k, v in self.pool.counts.items())
+        x = self.pool.x
+        return (
+            f"pre-training on {len(x)} unlabeled windows ({sets}), {x.shape[1]} channels "
+            f"({', '.join(self.pool.channels)}) x {x.shape[2]} samples; "
+            f"{self.mae.num_mask} of {self.mae.num_tokens} tokens masked"
+        ) + "".join(f"; {n}" for n in self.pool.notes)
+
+    def run(self, on_epoch: Callable[[int, float], None] | None = None) -> list[float]:
+        """All epochs; `on_epoch(epoch, mean loss)` after each. Seeded: batches and masks
+        come from the PRETRAIN stream, so a config gives the same checkpoint every time."""
+        x, bs = self.pool.x, self.cfg.pretrain.batch_size
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 3))
+        self.mae.train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
+            for epoch in range(1, self.cfg.pretrain.epochs + 1):
+                order = torch.randperm(len(x), generator=generator)
+                total, seen = 0.0, 0
+                for start in range(0, len(x), bs):
+                    batch = x[order[start : start + bs]].to(self.device)
+                    loss = self.mae(batch, generator)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer.step()
+                    total += float(loss.detach()) * len(batch)
+                    seen += len(batch)
+                self.losses.append(total / seen)
+                if not math.isfinite(self.losses[-1]):
+                    raise ConfigError(
+                        f"pretrain diverged in epoch {epoch} (loss {self.losses[-1]}): lower pretrain.lr"
+                    )
+                if on_epoch is not None:
+                    on_epoch(epoch, self.losses[-1])
+        return self.losses
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, seed: int = 0) -> float:
+        """Reconstruction loss on `x` in eval mode with masks drawn from `seed`."""
+        was = self.mae.training
+        self.mae.eval()
+        try:
+            g = torch.Generator().manual_seed(seed)
+            return float(self.mae(x.to(self.device), g))
+        finally:
+            self.mae.train(was)
+
+    def checkpoint(self) -> dict[str, torch.Tensor]:
+        tensors = {
+            k: v.detach().cpu().contiguous()
+            for k, v in self.model.state_dict().items()
+            if is_encoder_key(k)
+        }
+        meta = {
+            "format": FORMAT,
+            "target": self.cfg.data.name,
+            "datasets": self.pool.counts,
+            "channels": self.pool.channels,
+            "window": int(self.pool.x.shape[-1]),
+            "alp": self.cfg.model.alp.enabled,
+            "pretrain": self.cfg.pretrain.model_dump(mode="json"),
+            "seed": self.cfg.seed,
+            "losses": self.losses,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        tensors[META] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+        return tensors
+
+
+# --------------------------------------------------------------------- checkpoint files
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        return None
+    return st
+
+
+def checkpoint_format() -> str:
+    """The format `save_checkpoint` writes on this installation."""
+    return "safetensors" if _safetensors() is not None else "torch.save (safetensors not installed)"
+
+
+def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write atomically: safetensors if installed, else torch.save of the plain dict."""
+    st = _safetensors()
+    if st is not None:
+        return atomic_write_bytes(path, st.save(tensors))
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors and the metadata of a `protofed pretrain` checkpoint; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model.init: file not found: {path}")
+    data = path.read_bytes()
+    try:
+        if data[:2] == b"PK":  # torch.save's zip format
+            tensors = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        else:
+            st = _safetensors()
+            if st is None:
+                raise ConfigError(
+                    f"model.init: {path} is not a torch checkpoint; reading safetensors needs "
+                    "`pip install safetensors`"
+                )
+            tensors = st.load(data)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"model.init: {path} is not a protofed pretrain checkpoint ({type(exc).__name__})"
+        ) from None
+    if not isinstance(tensors, dict) or not all(
+        isinstance(v, torch.Tensor) for v in tensors.values()
+    ):
+        raise ConfigError(f"model.init: {path} is not a dict of tensors")
+    meta_bytes = tensors.pop(META, None)
+    meta = {} if meta_bytes is None else json.loads(bytes(meta_bytes.tolist()).decode())
+    return tensors, meta
+
+
+@torch.no_grad()
+def load_init(model: nn.Module, path: str | Path) -> dict[str, Any]:
+    """Copy a checkpoint's encoder weights and ALP local banks into `model`, in place.
+
+    Every ALP layer's global bank gets the pre-trained local bank too: FedAli's initial
+    global prototypes (section 5.4), and for other algorithms with ALP layers the bank they
+    align to. The 1024-unit layer and the head keep their fresh initialisation. Every tensor
+    must be there with its shape, and nothing else: a one-line error names the first that
+    is not.
+    """
+    tensors, meta = read_checkpoint(path)
+    state = model.state_dict()
+    wanted = [k for k in state if is_encoder_key(k)]
+    if not wanted:
+        raise ConfigError(f"model.init: the model has no HART encoder to load {path} into")
+    for key in wanted:
+        if key not in tensors:
+            raise ConfigError(
+                f"model.init: {path} has no tensor '{key}' (pre-trained with other "
+                "model.alp / data.channels settings?)"
+            )
+        if tuple(tensors[key].shape) != tuple(state[key].shape):
+            raise ConfigError(
+                f"model.init: tensor '{key}' is {tuple(tensors[key].shape)} in {path}, the "
+                f"model needs {tuple(state[key].shape)}"
+            )
+    extra = sorted(set(tensors) - set(wanted))
+    if extra:
+        raise ConfigError(
+            f"model.init: {path} has tensor '{extra[0]}' the model lacks (pre-trained with "
+            "other model.alp / data.channels settings?)"
+        )
+    for key in wanted:
+        state[key].copy_(tensors[key])
+        if key.endswith(f".{LOCAL}"):
+            state[key[: -len(LOCAL)] + GLOBAL].copy_(tensors[key])
+    return meta

@@ -1,0 +1,173 @@
+"""FedAli's MAE pre-training (`protofed pretrain`) and `model.init`, on the real HAR windows."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from protofed.cli import app
+from protofed.config import load_config
+from protofed.nn.alp import GLOBAL, LOCAL
+from protofed.runtime.prepare import build_model_and_algorithm
+from protofed.training.pretrain import (
+    Pretraining,
+    is_encoder_key,
+    read_checkpoint,
+    save_checkpoint,
+)
+
+runner = CliRunner()
+CONFIG = "configs/fedali_hhar_natural.yaml"
+SMALL = [  # the paper's HART (6 blocks, d = 192) with small prototype banks, 200 windows
+    "model.alp.prototypes=[32,16,16,16,16,16]",
+    "pretrain.max_windows=100",
+    "pretrain.batch_size=50",
+    "train.threads=1",
+]
+
+
+def _config(data: Path, *extra: str):
+    return load_config(CONFIG, [f"data.dir={data}", *SMALL, *extra])
+
+
+def _sets(args: list[str]) -> list[str]:
+    return [a for item in args for a in ("-s", item)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(shared_data: Path, tmp_path_factory) -> Path:
+    """One epoch of `protofed pretrain` through the command line."""
+    out = tmp_path_factory.mktemp("pretrain") / "hhar.safetensors"
+    result = runner.invoke(
+        app,
+        ["pretrain", CONFIG, *_sets(SMALL), "-s", "pretrain.epochs=1", "--out", str(out)]
+        + ["--data-dir", str(shared_data), "-q"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "uci_har 100, wisdm 100" in result.output  # the target (hhar) is left out
+    return out
+
+
+def test_mae_reduces_the_reconstruction_loss_on_real_windows(shared_data: Path) -> None:
+    job = Pretraining.build(_config(shared_data, "pretrain.epochs=4"))
+    assert job.pool.counts == {"uci_har": 100, "wisdm": 100}
+    assert job.mae.num_mask == 4  # the official 0.6 of 8 tokens, floored
+    x = job.pool.x[::2]
+    banks = {k: v.clone() for k, v in job.model.state_dict().items() if k.endswith(LOCAL)}
+    before = job.evaluate(x, seed=1)
+    losses = job.run()
+    after = job.evaluate(x, seed=1)
+    assert after < 0.5 * before, (before, after, losses)
+    assert losses[-1] < 0.75 * losses[0]
+    # the ALP layers' local prototypes moved by their EMA (training mode)
+    for k, v in job.model.state_dict().items():
+        if k.endswith(LOCAL):
+            assert not torch.equal(v, banks[k]), k
+
+
+def test_model_init_loads_every_encoder_tensor_and_prototype_bank(
+    checkpoint: Path, shared_data: Path
+) -> None:
+    tensors, meta = read_checkpoint(checkpoint)
+    assert meta["target"] == "hhar" and meta["datasets"] == {"uci_har": 100, "wisdm": 100}
+    cfg = _config(shared_data, f"model.init={checkpoint}")
+    scratch_cfg = _config(shared_data)
+    model, algorithm = build_model_and_algorithm(cfg, (3, 128), 6, 9, torch.device("cpu"))
+    scratch, _ = build_model_and_algorithm(scratch_cfg, (3, 128), 6, 9, torch.device("cpu"))
+    state, fresh = model.state_dict(), scratch.state_dict()
+    encoder = [k for k in state if is_encoder_key(k)]
+    assert sorted(encoder) == sorted(tensors)  # every encoder tensor, nothing else
+    assert sum(k.endswith(LOCAL) for k in tensors) == 6  # one bank per block
+    for key in encoder:
+        assert torch.equal(state[key], tensors[key]), key
+        assert not torch.equal(state[key], fresh[key]) or key.endswith("norm.bias"), key
+    for key in (k for k in state if k.endswith(GLOBAL)):  # global banks = pre-trained local
+        assert torch.equal(state[key], tensors[key[: -len(GLOBAL)] + LOCAL]), key
+    for key in (k for k in state if not is_encoder_key(k) and not k.endswith(GLOBAL)):
+        assert torch.equal(state[key], fresh[key]), key  # 1024-unit layer, head: as from scratch
+    server = algorithm.init_server()  # FedAli: the pre-trained local prototypes go out as global
+    for key, bank in server["global"].items():
+        assert torch.equal(bank, tensors[key[: -len(GLOBAL)] + LOCAL]), key
+    for key, bank in algorithm.initial_local().items():
+        assert torch.equal(bank, tensors[key]), key
+
+
+def _one_line(result) -> str:
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1, (result.exit_code, text)
+    return text
+
+
+def test_a_bad_init_file_is_one_line_exit_2(
+    checkpoint: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    tensors, _ = read_checkpoint(checkpoint)
+    name = "features.blocks.2.mlp.0.weight"
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    bad = save_checkpoint(tmp_path / "bad.safetensors", tensors)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a checkpoint")
+    base = ["run", CONFIG, *_sets(SMALL[:1]), "--data-dir", str(shared_data), "-q"]
+    base += ["--out", str(tmp_path / "r")]
+    cases = {
+        tmp_path / "missing.safetensors": "file not found",
+        bad: f"tensor '{name}' is (384, 191)",
+        garbage: "model.init",
+    }
+    for path, expected in cases.items():
+        line = _one_line(runner.invoke(app, [*base, "-s", f"model.init={path}"]))
+        assert expected in line, line
+    # a model without ALP layers cannot take a checkpoint that has them
+    line = _one_line(
+        runner.invoke(
+            app, [*base, "-s", f"model.init={checkpoint}", "-s", "model.alp.enabled=false"]
+        )
+    )
+    assert "alp" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_labels_are_never_read(shared_data: Path, tmp_path: Path) -> None:
+    """The same checkpoint when every label of the pooled sets (and the target) is garbage."""
+    garbage = tmp_path / "data"
+    (garbage / "har").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("wisdm.npz", "hhar_sa.npz"):
+        d = dict(np.load(shared_data / "har" / name))
+        d["y"] = rng.integers(0, 100, size=len(d["y"])).astype(np.int8)
+        np.savez(garbage / "har" / name, **d)
+    shutil.copy(shared_data / "har" / "uci_har.npz", garbage / "har" / "uci_har.npz")
+    target = ["data.name=uci_har", "data.channels=[total_acc_x,total_acc_y,total_acc_z]"]
+    out = {}
+    for label, root in (("real", shared_data), ("garbage", garbage)):
+        job = Pretraining.build(_config(root, *target, "pretrain.epochs=1"))
+        assert job.pool.counts == {"wisdm": 100, "hhar": 100}
+        job.run()
+        out[label] = job.checkpoint()
+    for key, value in out["real"].items():
+        if key != "__meta__":
+            assert torch.equal(value, out["garbage"][key]), key
+
+
+def test_the_init_file_is_part_of_the_fingerprint(
+    checkpoint: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    from protofed.errors import ConfigError
+    from protofed.runtime.fingerprint import check_fingerprint, fingerprint
+    from protofed.runtime.prepare import prepare
+
+    init = tmp_path / "init.safetensors"
+    shutil.copy(checkpoint, init)
+    prepared = prepare(_config(shared_data, f"model.init={init}"))
+    saved = fingerprint(prepared)
+    assert "pretrain.epochs" not in saved["config"] and "init" in saved
+    tensors, _ = read_checkpoint(init)
+    tensors["features.pos"] = tensors["features.pos"] + 1
+    save_checkpoint(init, tensors)
+    with pytest.raises(ConfigError, match="model.init"):
+        check_fingerprint(saved, fingerprint(prepared), tmp_path, 3)
