@@ -1,19 +1,23 @@
-"""Plain SGD on cross-entropy without autograd, for sequential models on the CPU.
+"""Local training on cross-entropy without autograd, for sequential models on the CPU.
 
 Federated clients take many tiny steps (batch 10 in PFLlib's HAR setting). At that size the
-autograd graph, a fresh gradient buffer per weight and a separate optimizer pass cost as much
-as the arithmetic. For the common case, where all of that is unnecessary, this module runs
-the same mathematics by hand: a forward pass that keeps what the backward pass needs, then,
-layer by layer from the top, the input gradient (with the old weights) followed by the
-in-place SGD update of the layer. The largest weight gradient is folded into its update
-(`W.addmm_(-lr * dY^T X)`), so it never exists as a buffer.
+autograd graph and a fresh gradient buffer per weight cost as much as the arithmetic. For the
+common case, where all of that is unnecessary, this module runs the same mathematics by hand:
+a forward pass that keeps what the backward pass needs, then, layer by layer from the top,
+the input gradient (with the old weights) and the layer's weight gradient.
 
-It applies only when the result is exactly plain SGD on the mean cross-entropy:
-`train.optimizer=sgd` with no momentum and no weight decay, the default loss, every parameter
+What happens to a weight gradient is the update rule's business:
+- plain SGD (`SGDInPlace`) applies it in place during the sweep, and folds the largest weight
+  gradient into its update (`W.addmm_(-lr * dY^T X)`), so it never exists as a buffer;
+- every other optimizer (`OptimizerStep`: SGD with momentum, Nesterov or weight decay, Adam,
+  AdamW) gets the gradients as `.grad` and takes torch's own step, so its arithmetic is
+  torch's (see `training.loop.make_optimizer` for the fused kernels it runs).
+
+It applies only when the result is the same as autograd's: the default loss, every parameter
 trained, no per-step hook, float32 on the CPU, and a model whose `features` is an
 `nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) / AdaptiveAvgPool1d(1) / Flatten / Linear (mlp,
-cnn1d and harcnn are). Anything else takes the autograd loop. A test checks that both give
-the same weights to fp32 rounding.
+cnn1d and harcnn are). Anything else takes the autograd loop. Tests check that both give the
+same weights to fp32 rounding for every optimizer.
 """
 
 from __future__ import annotations
@@ -89,9 +93,13 @@ class Kernels:
     def input_grad(self, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.linear(g, w.t(), None) if self.onednn else g @ w
 
+    def weight_grad(self, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """dY^T X, the weight gradient of a linear layer."""
+        return self.linear(g.t(), x.t(), None) if self.onednn else g.t() @ x
+
     def update_weight(self, w: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lr: float) -> None:
         if self.onednn and w.numel() < _FUSED_UPDATE_FROM:
-            w.sub_(self.linear(g.t(), x.t(), None), alpha=lr)
+            w.sub_(self.weight_grad(g, x), alpha=lr)
         else:
             w.addmm_(g.t(), x, alpha=-lr)
 
@@ -114,17 +122,58 @@ def _pool_backward(g: torch.Tensor, first: torch.Tensor, length: int) -> torch.T
     return out
 
 
+class SGDInPlace:
+    """Plain SGD applied as the backward sweep goes (each layer's input gradient is taken first)."""
+
+    def __init__(self, kernels: Kernels, lr: float) -> None:
+        self.kernels, self.lr = kernels, lr
+
+    def linear(self, layer: nn.Linear, g: torch.Tensor, x: torch.Tensor) -> None:
+        self.kernels.update_weight(layer.weight, g, x, self.lr)
+        if layer.bias is not None:
+            layer.bias.sub_(g.sum(0), alpha=self.lr)
+
+    def conv(self, layer: nn.Conv1d, gw: torch.Tensor, gb: torch.Tensor) -> None:
+        layer.weight.sub_(gw, alpha=self.lr)
+        layer.bias.sub_(gb, alpha=self.lr)
+
+    def finish(self) -> None:
+        pass
+
+
+class OptimizerStep:
+    """Gradients by hand into `.grad`, then the torch optimizer's own step once per batch."""
+
+    def __init__(self, kernels: Kernels, optimizer: torch.optim.Optimizer) -> None:
+        self.kernels, self.optimizer = kernels, optimizer
+
+    def linear(self, layer: nn.Linear, g: torch.Tensor, x: torch.Tensor) -> None:
+        layer.weight.grad = self.kernels.weight_grad(g, x)
+        if layer.bias is not None:
+            layer.bias.grad = g.sum(0)
+
+    def conv(self, layer: nn.Conv1d, gw: torch.Tensor, gb: torch.Tensor) -> None:
+        layer.weight.grad, layer.bias.grad = gw, gb
+
+    def finish(self) -> None:
+        self.optimizer.step()
+
+
+Update = SGDInPlace | OptimizerStep
+
+
 @torch.no_grad()
-def sgd_step(
-    layers: list[nn.Module], kernels: Kernels, x: torch.Tensor, y: torch.Tensor, lr: float
+def fused_step(
+    layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, update: Update
 ) -> torch.Tensor:
-    """One SGD step on the mean cross-entropy; returns the (pre-update) loss."""
+    """One step on the mean cross-entropy; returns the (pre-update) loss."""
+    kernels = update.kernels
     saved: list[object] = []
     h = x
     for layer in layers:
         if isinstance(layer, nn.Linear):
             if h.dim() != 2:
-                raise RuntimeError("fused SGD expects flattened inputs to Linear layers")
+                raise RuntimeError("the fused step expects flattened inputs to Linear layers")
             saved.append(h)
             h = kernels.linear(h, layer.weight, layer.bias)
         elif isinstance(layer, nn.Conv1d):
@@ -153,9 +202,7 @@ def sgd_step(
         need_input_grad = i > 0
         if isinstance(layer, nn.Linear):
             gx = kernels.input_grad(g, layer.weight) if need_input_grad else None
-            kernels.update_weight(layer.weight, g, s, lr)
-            if layer.bias is not None:
-                layer.bias.sub_(g.sum(0), alpha=lr)
+            update.linear(layer, g, s)
             g = gx
         elif isinstance(layer, nn.Conv1d):
             gx, gw, gb = torch.ops.aten.convolution_backward(
@@ -171,8 +218,7 @@ def sgd_step(
                 1,
                 [need_input_grad, True, True],
             )
-            layer.weight.sub_(gw, alpha=lr)
-            layer.bias.sub_(gb, alpha=lr)
+            update.conv(layer, gw, gb)
             g = gx
         elif isinstance(layer, nn.ReLU):
             g = g * (s > 0)
@@ -183,4 +229,5 @@ def sgd_step(
             g = g.expand(-1, -1, s) / s
         else:  # Flatten
             g = g.reshape(s)
+    update.finish()
     return loss
