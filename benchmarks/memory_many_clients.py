@@ -1,14 +1,16 @@
-"""Peak memory of one round with 1,000 clients (mlp on the synthetic set).
+"""Peak memory of one round with many clients (1,000 by default; mlp on the synthetic set).
 
 Per-client state holds only what an algorithm must keep: FedAvg keeps nothing per client, and
-replies are aggregated as a stream, so no 1,000 model copies are ever resident. `local` is
+replies are aggregated as a stream, so no per-client model copies are ever resident. `local` is
 the opposite extreme (one model per client is its whole point) and is measured for contrast.
 
-Usage: python benchmarks/memory_many_clients.py  -> benchmarks/out/memory_many_clients.json
+Usage: python benchmarks/memory_many_clients.py [--clients 10000]
+       -> benchmarks/out/memory_many_clients.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import sys
@@ -20,13 +22,13 @@ from protofed.config import load_config
 from protofed.runtime import prepare, simulate
 
 
-def one(algorithm: str) -> dict:
+def one(algorithm: str, clients: int) -> dict:
     cfg = load_config(
         None,
         [
             "data.name=synthetic",
             "data.partition=iid",
-            "data.num_clients=1000",
+            f"data.num_clients={clients}",
             "model.name=mlp",
             f"algorithm.name={algorithm}",
             "train.rounds=1",
@@ -49,7 +51,7 @@ def one(algorithm: str) -> dict:
     )
     return {
         "algorithm": algorithm,
-        "clients": 1000,
+        "clients": clients,
         "model_bytes": model_bytes,
         "per_client_state_bytes": state_bytes,
         "rss_before_round_mb": before / 2**20,
@@ -59,16 +61,22 @@ def one(algorithm: str) -> dict:
 
 
 def main() -> None:
-    algorithm = sys.argv[1] if len(sys.argv) > 1 else None
-    if algorithm:  # one algorithm per process, so peak RSS is its own
-        print(json.dumps(one(algorithm)))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--algorithm", help="measure one algorithm in this process")
+    args = parser.parse_args()
+    if args.algorithm:  # one algorithm per process, so peak RSS is its own
+        print(json.dumps(one(args.algorithm, args.clients)))
         return
     import subprocess
 
     results = []
     for name in ("fedavg", "local"):
         out = subprocess.run(
-            [sys.executable, __file__, name], capture_output=True, text=True, check=True
+            [sys.executable, __file__, "--algorithm", name, "--clients", str(args.clients)],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]))

@@ -1,0 +1,170 @@
+"""Where a round's time goes, for the recipes people run (the README's benchmark table).
+
+For fedavg, ditto, fedproto and fedala (configs/uci_har_natural.yaml: cnn1d, SGD momentum 0.9,
+2 local epochs) and fedali (configs/fedali_uci_har_natural.yaml: HART with ALP layers, Adam,
+here 1 local epoch) on UCI-HAR natural clients (30), every client every round, and FedDPA on
+100 CIFAR-10 clients (configs/feddpa_cifar10_dirichlet0.3.yaml, 10 % a round), evaluation
+every round: seconds per round split into training, aggregation and evaluation (medians over
+the rounds after the first, which pays for the worker pool's start), rounds per hour with the
+recipe's own `eval.every`, and the ratio of the training time to the model's FLOP floor on
+this machine.
+
+The floor is FLOPs / peak. FLOPs per round = the forward-and-backward FLOPs of one training
+sample (counted by torch's FlopCounterMode on a batch of the run's size) x the samples a
+round trains on (every client's train split x local epochs x the models each sample trains:
+2 for Ditto's global and personal models). Peak = float32 matmul throughput (2048 x 2048,
+one thread, as each worker has) measured in the same process x the run's workers. A ratio
+of 1 would be training at the speed of a large matmul; small models and batches stay far
+from it, and that distance is what a faster engine could still win.
+
+Usage: python benchmarks/round_costs.py [--rounds 3] [--data-dir ../shared/data] [--only fedavg,...]
+Writes benchmarks/out/round_costs.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import protofed
+from protofed.api import resolve_config
+from protofed.runtime import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+UCI = ROOT / "configs" / "uci_har_natural.yaml"
+FEDALI = ROOT / "configs" / "fedali_uci_har_natural.yaml"
+FEDDPA = ROOT / "configs" / "feddpa_cifar10_dirichlet0.3.yaml"
+
+RECIPES: dict[str, tuple[Path, dict, int]] = {
+    # name: (config, overrides, models trained per sample)
+    "fedavg": (UCI, {"algorithm.name": "fedavg"}, 1),
+    "ditto": (UCI, {"algorithm.name": "ditto"}, 2),
+    "fedproto": (UCI, {"algorithm.name": "fedproto"}, 1),
+    "fedala": (UCI, {"algorithm.name": "fedala"}, 1),
+    "fedali": (FEDALI, {"train.local_epochs": 1}, 1),
+    # FedDPA's setting: 100 CIFAR-10 clients, 10 % a round, 5 local epochs, scored every 5th
+    "feddpa_cifar10": (FEDDPA, {}, 1),
+}
+
+
+def peak_flops(size: int = 2048, repeats: int = 5) -> float:
+    """Single-thread float32 matmul FLOP/s, the best of `repeats`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b  # warm up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * size**3 / best
+
+
+def flops_per_sample(cfg) -> tuple[float, int]:
+    """Forward + backward FLOPs of one training sample, and the samples a round trains on."""
+    prepared = prepare(cfg)
+    model = prepared.model
+    client = prepared.fed.clients[0]
+    batch = min(cfg.train.batch_size, len(client.train_y))
+    x, y = client.train_x[:batch], client.train_y[:batch]
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    samples = sum(len(c.train_y) for c in prepared.fed.clients)
+    return counter.get_total_flops() / batch, samples * cfg.train.local_epochs
+
+
+def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
+    config, overrides, passes = RECIPES[name]
+    settings = {
+        **overrides,
+        "train.rounds": rounds,
+        "train.workers": workers,
+        "train.threads": 1,
+        "eval.every": 1,
+        "data.dir": data_dir,
+    }
+    cfg = resolve_config(str(config), **settings)
+    every = resolve_config(str(config)).eval.every  # the recipe's own, for rounds per hour
+    per_sample, samples = flops_per_sample(cfg)
+    samples *= cfg.train.client_fraction  # the clients a round samples, in expectation
+    with tempfile.TemporaryDirectory() as out:
+        run = protofed.run(cfg, out=Path(out) / name, overwrite=True)
+        records = list(run.dir.history())
+    later = records[1:] or records  # round 1 also starts the worker pool
+    split = {
+        key: statistics.median(r["time"][key] for r in later)
+        for key in ("train_s", "aggregate_s", "eval_s")
+    }
+    round_flops = per_sample * samples * passes
+    peak = peak_flops() * workers
+    return {
+        "algorithm": name,
+        "model": cfg.model.name,
+        "optimizer": cfg.train.optimizer,
+        "local_epochs": cfg.train.local_epochs,
+        "rounds": rounds,
+        **split,
+        "round_s": sum(split.values()),
+        "rounds_per_hour": 3600
+        / (split["train_s"] + split["aggregate_s"] + split["eval_s"] / every),
+        "eval_every": every,
+        "gflop_per_round": round_flops / 1e9,
+        "peak_gflops": peak / 1e9,
+        "floor_s": round_flops / peak,
+        "train_over_floor": split["train_s"] / (round_flops / peak),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| recipe | model | train s | aggregate s | eval s | round s | rounds/h | GFLOP/round"
+        " | x floor |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['algorithm']} | {r['model']} | {r['train_s']:.2f} | {r['aggregate_s']:.2f} | "
+            f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {r['rounds_per_hour']:.0f} | "
+            f"{r['gflop_per_round']:.1f} | "
+            f"{r['train_over_floor']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", default=",".join(RECIPES))
+    args = parser.parse_args()
+    rows = [
+        measure(name, args.rounds, args.data_dir, args.workers) for name in args.only.split(",")
+    ]
+    result = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__},
+        "workers": args.workers,
+        "rows": rows,
+    }
+    out = ROOT / "benchmarks" / "out" / "round_costs.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
