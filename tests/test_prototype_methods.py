@@ -3,6 +3,7 @@ and a few rounds end to end on real data (../shared/data)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -13,6 +14,7 @@ from sklearn.datasets import load_digits
 from protofed.algorithms import Reply, Setting, build_algorithm
 from protofed.algorithms.common.prototype_losses import (
     class_mean_distance,
+    prototype_distance,
     prototype_regularized_loss,
 )
 from protofed.algorithms.fedproto import FedProto
@@ -96,6 +98,31 @@ def test_class_mean_distance_compares_batch_class_means() -> None:
     assert class_mean_distance(f, y, protos, present).item() == pytest.approx((0 + 4 + 0 + 0) / 4)
     present[0] = False
     assert class_mean_distance(f, y, protos, present).item() == 0.0
+
+
+def test_reductions_of_the_prototype_distance() -> None:
+    """mean is the MSE, squared_l2 the per-row squared distance (D times it), sum their sum."""
+    f = torch.tensor([[0.0, 0.0], [2.0, 2.0], [4.0, 0.0]])
+    y = torch.tensor([0, 0, 1])
+    protos = torch.tensor([[1.0, 3.0], [4.0, 0.0]])
+    present = torch.tensor([True, True])
+    rows = [1 + 9, 1 + 1, 0 + 0]  # squared distances of the three samples to their prototypes
+    dist = functools.partial(prototype_distance, f, y, protos, present)
+    assert dist("mean").item() == pytest.approx(sum(rows) / 6)
+    assert dist("squared_l2").item() == pytest.approx(sum(rows) / 3)
+    assert dist("sum").item() == pytest.approx(sum(rows))
+
+
+def test_pfpl_squared_l2_option_is_d_times_the_default_regulariser(digits_clients) -> None:
+    model = build_model(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
+    x, y = digits_clients[0].train_x[:20], digits_clients[0].train_y[:20]
+    protos, present = torch.randn(10, 16), torch.ones(10)
+    ce = torch.nn.functional.cross_entropy(model(x), y).item()
+    values = {}
+    for reduction in ("mean", "squared_l2"):
+        pfpl = build_algorithm("pfpl", {"reg_reduction": reduction}, _setting(model))
+        values[reduction] = pfpl.local_loss(protos, present)(model, x, y).item() - ce
+    assert values["squared_l2"] == pytest.approx(16 * values["mean"], rel=1e-5)
 
 
 def test_nearest_prototype_head_predicts_the_argmin_distance(digits_clients) -> None:

@@ -28,7 +28,9 @@ docs/results/pfpl.md):
   Default `align="sample"`: the mean squared error between each sample's embedding and its
   class's personalized prototype (as FedProto, shared `_prototype_losses`);
   `align="class_mean"`: between the batch's class means (the batch's local prototypes) and
-  the personalized prototypes, eq. 5 literally. Both are per-dimension means (MSE).
+  the personalized prototypes, eq. 5 literally. Both are per-dimension means (MSE) by
+  default; `reg_reduction="squared_l2"` takes the paper's sum of squares per row instead
+  (D times stronger at the same lam).
 - Local prototypes are computed after local training, in eval mode, on the whole training
   split; the server uses a client's latest prototypes even in rounds it was not sampled.
 - The paper's decision module g stays the client's own: evaluation uses the personal model
@@ -139,6 +141,11 @@ class PFPL(FedProto):
             description="Consistency loss between each embedding and its prototype, or between "
             "the batch's class means and the prototypes (eq. 5 literally).",
         )
+        reg_reduction: Literal["mean", "squared_l2"] = Field(
+            "mean",
+            description="Consistency loss per dimension (MSE, lam/D per squared distance) or "
+            "the squared L2 distance itself (the paper's sum of squares; D times larger).",
+        )
         inference: Literal["head", "prototype"] = Field(
             "head",
             description="Evaluate the personal model's head, or the nearest personalized prototype.",
@@ -174,7 +181,8 @@ class PFPL(FedProto):
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
         personalized prototypes."""
-        return prototype_regularized_loss(prototypes, present, self.params.lam, self.params.align)
+        p = self.params
+        return prototype_regularized_loss(prototypes, present, p.lam, p.align, p.reg_reduction)
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

@@ -25,6 +25,7 @@ from protofed.prototypes import class_means
 from protofed.training.loop import LossFn
 
 Target = Literal["sample", "class_mean"]
+Reduction = Literal["mean", "sum", "squared_l2"]
 
 
 def prototype_distance(
@@ -32,7 +33,7 @@ def prototype_distance(
     labels: torch.Tensor,
     prototypes: torch.Tensor,
     present: torch.Tensor,
-    reduction: Literal["mean", "sum"] = "mean",
+    reduction: Reduction = "mean",
     target: Target = "sample",
 ) -> torch.Tensor:
     """Mean squared error between embeddings and the prototypes of their classes.
@@ -41,7 +42,8 @@ def prototype_distance(
     `"class_mean"`: the batch's class means against the prototypes of those classes (classes
     both in the batch and with a prototype; gradients flow through the means).
     `reduction="sum"`: summed squared Euclidean distances instead (see `_reduce`; with
-    class means, sum_i ||mean_i - P_i||^2: FedDPA's eq. 3 literally).
+    class means, sum_i ||mean_i - P_i||^2: FedDPA's eq. 3 literally); `"squared_l2"`: their
+    mean over rows (PFPL's and FedProto's squared L2 per sample, D times the MSE).
     """
     if target == "class_mean":
         rows, counts = class_means(features, labels, len(prototypes))
@@ -57,10 +59,14 @@ class_mean_distance = functools.partial(prototype_distance, target="class_mean")
 """`prototype_distance` of the batch's class means (PFPL's eq. 5 and 7, FedDPA)."""
 
 
-def _reduce(a: torch.Tensor, b: torch.Tensor, reduction: Literal["mean", "sum"]) -> torch.Tensor:
+def _reduce(a: torch.Tensor, b: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     """mean: squared error averaged over rows and dimensions (MSE, lam per dimension);
-    sum: squared Euclidean distances summed over rows (rows x dimensions times the MSE)."""
-    return F.mse_loss(a, b) if reduction == "mean" else (a - b).pow(2).sum()
+    sum: squared Euclidean distances summed over rows (rows x dimensions times the MSE);
+    squared_l2: squared Euclidean distances averaged over rows (dimensions times the MSE)."""
+    if reduction == "mean":
+        return F.mse_loss(a, b)
+    squared = (a - b).pow(2)
+    return squared.sum() if reduction == "sum" else squared.sum(-1).mean()
 
 
 def prototype_regularized_loss(
@@ -68,13 +74,14 @@ def prototype_regularized_loss(
     present: torch.Tensor,
     lam: float,
     target: Target = "sample",
-    reduction: Literal["mean", "sum"] = "mean",
+    reduction: Reduction = "mean",
 ) -> LossFn:
     """A `LossFn`: cross-entropy plus lam times the distance to the prototypes (one forward).
 
     `target="sample"`: each embedding to its class's prototype (`prototype_distance`);
     `"class_mean"`: the batch's class means to the prototypes (`class_mean_distance`).
-    `reduction`: "mean" (MSE) or "sum" (summed squared Euclidean distances).
+    `reduction`: "mean" (MSE), "sum" (summed squared Euclidean distances) or "squared_l2"
+    (their mean over rows).
     """
 
     def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
