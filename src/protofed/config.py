@@ -189,6 +189,11 @@ class TrainConfig(_Section):
         True,
         description="Plain SGD without autograd where it is exactly the same (training/fused.py).",
     )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Local training's forward pass and loss: fp32, or bf16 autocast (weights "
+        "stay fp32; evaluation stays fp32; bf16 takes the autograd loop, never the fused one).",
+    )
     on_nonfinite: Literal["stop", "drop"] = Field(
         "stop",
         description="A reply with NaN or inf: stop the run (status diverged, exit code 3) or "

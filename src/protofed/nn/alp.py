@@ -187,7 +187,18 @@ class ALP(nn.Module):
     @torch.no_grad()
     def _matched(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 1, 2 (and 5 in training): the bank the tokens were matched to (G, d) and
-        every token's index into it (N,), in the order of `x.reshape(-1, d)`."""
+        every token's index into it (N,), in the order of `x.reshape(-1, d)`.
+
+        Always float32, also under bf16 autocast (`train.precision=bf16`): the matching is a
+        discrete choice outside autograd, and the direct Sinkhorn form's safety bound
+        (nn/ot.py) is for float32 cosines.
+        """
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return self._matched_fp32(x.float())
+        return self._matched_fp32(x)
+
+    def _matched_fp32(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = x.shape
         local, glob = getattr(self, LOCAL), getattr(self, GLOBAL)
         g = len(local)

@@ -5,8 +5,8 @@ Federated clients train on small batches, so a Linear layer's matrix products ar
 fraction of the CPU's speed on AMD processors; oneDNN's kernels (the ones torch's own
 compiler uses) are 2-3x faster there, but only single-threaded. Worker processes train with one
 thread each (`train.workers`), so there this layer computes the same products through oneDNN,
-forward and backward. Everywhere else (several threads, GPU, other dtypes, or a torch build
-without the op) it is exactly nn.Linear. The numbers agree with F.linear to fp32 rounding
+forward and backward. Everywhere else (several threads, GPU, other dtypes, CPU autocast, i.e.
+`train.precision=bf16`, or a torch build without the op) it is exactly nn.Linear. The numbers agree with F.linear to fp32 rounding
 (a test checks outputs and gradients).
 """
 
@@ -47,10 +47,12 @@ class _OneDnnLinear(torch.autograd.Function):
 
 
 def _onednn_operands(*tensors: torch.Tensor) -> bool:
-    """oneDNN's kernel is there and wins: 2-D float32 CPU operands, one thread."""
+    """oneDNN's kernel is there and wins: 2-D float32 CPU operands, one thread, and no CPU
+    autocast (the op is not on autocast's lists: it would silently stay fp32)."""
     return (
         POINTWISE is not None
         and torch.get_num_threads() == 1
+        and not torch.is_autocast_enabled("cpu")
         and all(
             t.dim() == 2 and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors
         )

@@ -14,9 +14,9 @@ What happens to a weight gradient is the update rule's business:
   torch's (see `training.loop.make_optimizer` for the fused kernels it runs).
 
 It applies only when the result is the same as autograd's: the default loss, every parameter
-trained, no per-step hook, float32 on the CPU, and a model whose `features` is an
-`nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) / AdaptiveAvgPool1d(1) / Flatten / Linear (mlp,
-cnn1d and harcnn are). Anything else takes the autograd loop. Tests check that both give the
+trained, no per-step hook, float32 on the CPU (`train.precision=fp32`: bf16 takes the autograd
+loop), and a model whose `features` is an `nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) /
+AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d and harcnn are). Anything else takes the autograd loop. Tests check that both give the
 same weights to fp32 rounding for every optimizer.
 """
 

@@ -3,10 +3,15 @@
 Data sit in memory as tensors, so an epoch is a seeded permutation and a slice per batch: no
 DataLoader, no worker processes, no re-reading from disk. The optimizer is built fresh for
 every call, so no momentum or Adam state leaks across rounds or clients.
+
+`train.precision=bf16` runs each step's loss function (the forward pass and the loss,
+whatever loss an algorithm passes in) under bf16 autocast, here and only here; parameters,
+gradients and the optimizer stay fp32. Prediction stays fp32 (see `predict`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -71,6 +76,17 @@ def _fusable(params: list[torch.nn.Parameter]) -> bool:
     )
 
 
+def autocast(train: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward pass and loss run in: bf16 autocast, or nothing for fp32.
+
+    Autocast casts the inputs of matrix products and convolutions to bf16 and keeps the
+    parameters (the master weights) in fp32; losses and reductions run in fp32.
+    """
+    if train.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def batches(
     n: int, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
 ) -> list[torch.Tensor]:
@@ -115,11 +131,13 @@ def train_epochs(
     for module in _frozen_norms(model, trainable):
         module.eval()  # a frozen part is a fixed function: its BatchNorm statistics stay too
     total, steps = torch.zeros((), device=x.device), 0  # summed on the device: no sync per step
+    precision = autocast(train, x.device)
     try:
         for _ in range(epochs):
             for idx in batches(len(x), train.batch_size, generator, x.device):
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model, x[idx], y[idx])
+                with precision:
+                    loss = loss_fn(model, x[idx], y[idx])
                 loss.backward()
                 optimizer.step()
                 if after_step is not None:
@@ -146,6 +164,7 @@ def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.M
     """The model's layers if the step can run without autograd (see training/fused.py)."""
     if not (
         train.fused
+        and train.precision == "fp32"
         and loss_fn is cross_entropy
         and parameters is None
         and after_step is None
@@ -179,7 +198,12 @@ def _train_fused(model, layers, x, y, train, generator, epochs, lr) -> dict[str,
 
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    """Predicted labels, in eval mode and in chunks (so memory stays flat)."""
+    """Predicted labels, in eval mode and in chunks (so memory stays flat).
+
+    Always fp32, whatever `train.precision`: bf16 is a training setting, the weights it
+    trains are fp32, and scoring them in fp32 measures what bf16 training did, the same way
+    for every run (and without bf16 hardware, as on AVX2 CPUs, bf16 would be slower).
+    """
     model.eval()
     out = [model(chunk).argmax(dim=1) for chunk in x.split(batch_size)]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
