@@ -141,3 +141,15 @@ def test_config_rejects_an_unknown_precision():
         load_config(None, ["train.precision=fp16"])
     message = str(err.value)
     assert "train.precision" in message and "\n" not in message
+
+
+def test_fp32_leaves_the_fingerprint_as_before_and_bf16_changes_it():
+    """Checkpoints from before the key resume; switching precision does not, silently."""
+    from protofed.runtime.fingerprint import check_fingerprint, fingerprint
+
+    base = ["data.name=synthetic", "data.num_clients=2", "model.name=mlp"]
+    fp32 = fingerprint(prepare(load_config(None, base)))
+    assert "train.precision" not in fp32["config"]
+    bf16 = fingerprint(prepare(load_config(None, [*base, "train.precision=bf16"])))
+    with pytest.raises(ConfigError, match="train.precision"):
+        check_fingerprint(fp32, bf16, "run", 1)

@@ -40,11 +40,16 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
     `pretrain.*` only configures `protofed pretrain`; `model.init` counts by its file's
     sha256 (entry "init", present only when set, so older checkpoints still match), not by
     its path: a file overwritten under the same name must not resume silently.
+    `train.precision` counts only when not the default fp32, so checkpoints written before
+    the key existed still match.
     """
     config = {
         k: v
         for k, v in flatten(prepared.cfg.to_dict()).items()
-        if k not in EXECUTION_KEYS and k != "model.init" and not k.startswith("pretrain.")
+        if k not in EXECUTION_KEYS
+        and k != "model.init"
+        and not k.startswith("pretrain.")
+        and (k, v) != ("train.precision", "fp32")
     }
     out = {
         "config": json.dumps(config, sort_keys=True),
