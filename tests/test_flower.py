@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -241,6 +242,10 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _own_sigterm(signum: int, frame: object) -> None:
+    """The handler the session must find again (never called)."""
+
+
 @pytest.fixture(scope="module")
 def session(har, tmp_path_factory) -> dict:
     """The built-in runs, then every Flower experiment in one simulation session.
@@ -265,12 +270,18 @@ def session(har, tmp_path_factory) -> dict:
     logging.getLogger("protofed.flower").addHandler(handler)
     os.environ["PROTOFED_FLOWER_FAULT"] = "4:1:nan,5:2:raise,4:3:missing,5:3:inflate"
     t0 = time.perf_counter()
+    # ray.init replaces SIGTERM's handler: the session must give back the ones it found
+    found = signal.signal(signal.SIGTERM, _own_sigterm)
+    sigint = signal.getsignal(signal.SIGINT)
     try:
         results = run_simulations(list(sims.values()))
+        after = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
     finally:
+        signal.signal(signal.SIGTERM, found)
         del os.environ["PROTOFED_FLOWER_FAULT"]
         logging.getLogger("protofed.flower").removeHandler(handler)
     return {
+        "signals": {"before": (_own_sigterm, sigint), "after": after},
         "builtin": builtin,
         "flower": dict(zip(sims, results, strict=True)),
         "out": out,
@@ -331,6 +342,11 @@ def test_a_round_with_too_few_replies_stops_the_run(session) -> None:
     result = session["flower"]["too_few"]
     assert isinstance(result, RoundFailed) and "round 3" in str(result)
     assert not (session["out"] / "too_few" / "summary.json").exists()
+
+
+def test_the_session_gives_back_the_signal_handlers_it_found(session) -> None:
+    """Else pool workers forked later inherit Ray's SIGTERM handler (and hang when stopped)."""
+    assert session["signals"]["after"] == session["signals"]["before"]
 
 
 def test_the_session_leaves_no_process_behind(session) -> None:

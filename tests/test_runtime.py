@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
@@ -151,6 +152,31 @@ def test_worker_processes_give_the_serial_numbers(algorithm):
         )
     ).run()
     assert _numbers(serial) == _numbers(parallel)
+
+
+def _signal_handlers(_inherited: object) -> tuple:
+    return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(signum)  # what ray.init installs
+
+
+def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
+    """After `ray.init` the parent's SIGTERM handler raises SystemExit: a worker that kept it
+    would run the parent's exit hooks on `Pool.terminate()` and hang on a lock."""
+    from protofed.runtime.parallel import WorkerPool
+
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        pool = WorkerPool(None, 2)
+        try:
+            got = list(pool.map(_signal_handlers, [(), (), ()]))
+        finally:
+            pool.close()  # terminates the workers: with the parent's handler, a hang
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [(signal.SIG_DFL, signal.SIG_IGN)] * 3
 
 
 def test_a_thousand_clients_do_not_hold_a_thousand_models():

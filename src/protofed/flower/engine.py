@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -135,6 +136,24 @@ def discover(
             raise RuntimeError(f"two nodes ({node_of[cid]}, {node}) hold client {cid}")
         node_of[cid], infos[cid] = node, info
     return node_of, infos
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Give back the SIGTERM and SIGINT handlers found on entry when the block ends.
+
+    `ray.init` installs a SIGTERM handler that raises SystemExit and never restores the one
+    it replaced; processes forked later (the built-in engine's worker pool) would inherit it.
+    Only the main thread can set handlers, so elsewhere this does nothing.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    found = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for signum, handler in found.items():
+            if handler is not None:  # None: set outside Python, cannot be set back from here
+                signal.signal(signum, handler)
 
 
 class RoundFailed(RunStopped):
@@ -429,7 +448,10 @@ def run_simulations(
     flwr_logger.setLevel(logging.WARNING)
     t_session = time.perf_counter()
     STOP.clear()
-    with Reaper() as reaper:  # if this process is SIGKILLed, Ray's processes die with it
+    with (
+        signal_handlers_kept(),
+        Reaper() as reaper,
+    ):  # if this process is SIGKILLed, Ray's processes die with it
         try:
             run_simulation(
                 server_app=server_app,

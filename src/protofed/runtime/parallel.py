@@ -12,7 +12,12 @@ algorithm) and receive per task only what changes. Tensors cross through shared 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -22,7 +27,28 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions 
 _INHERITED: Any = None  # what the forked workers inherit (set before the fork)
 
 
-def _init_worker() -> None:
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies (Linux)
+
+
+def _init_worker(parent: int) -> None:
+    """One thread; the default signal handling; gone when the parent is.
+
+    A fork inherits the parent's Python signal handlers: after `ray.init` (Flower's
+    simulation) the parent's SIGTERM handler raises SystemExit, so `Pool.terminate()` would
+    make a worker run the parent's exit hooks and deadlock on a multiprocessing lock. SIGTERM
+    is given back to the default (die at once); SIGINT is ignored, as Ctrl-C reaches the
+    whole process group and the parent stops the pool itself. On Linux a worker also dies
+    with its parent, so a SIGKILLed run does not leave workers holding its run directory's
+    lock (a forked flock) while they finish a client.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(0)
     torch.set_num_threads(1)
 
 
@@ -39,7 +65,9 @@ class WorkerPool:
         if "fork" not in mp.get_all_start_methods():
             raise RuntimeError("train.workers > 1 needs the 'fork' start method (Linux, macOS)")
         _INHERITED = inherited  # inherited by the forked children
-        self._pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
+        self._pool = mp.get_context("fork").Pool(
+            workers, initializer=_init_worker, initargs=(os.getpid(),)
+        )
 
     def map(self, function: Callable[..., Any], tasks: Iterable[tuple]) -> Iterator[Any]:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
