@@ -34,6 +34,7 @@ def one(algorithm: str, clients: int) -> dict:
             "train.rounds=1",
             "train.batch_size=32",
             "eval.generalization=false",
+            "train.workers=1",  # every client in this process: its memory is what is measured
         ],
     )
     proc = psutil.Process()

@@ -294,7 +294,7 @@ def test_w_persists_per_client_and_never_leaks(monkeypatch):
         return real(client, model_arrays, global_, local, weights, settings, start)
 
     monkeypatch.setattr(_ala, "train_weights", spy)
-    sim = _sim("algorithm.name=fedala", "train.rounds=3")
+    sim = _sim("algorithm.name=fedala", "train.rounds=3", "train.workers=1")  # spied here
     kept: dict[int, dict] = {}
 
     def after(r, info, rec):

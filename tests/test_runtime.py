@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -152,6 +153,46 @@ def test_worker_processes_give_the_serial_numbers(algorithm):
         )
     ).run()
     assert _numbers(serial) == _numbers(parallel)
+
+
+@pytest.mark.parametrize(
+    ("train", "omp", "cores", "clients", "expected"),
+    [
+        ({"workers": 1}, None, 16, 10, 1),  # explicit: serial
+        ({"workers": 3}, None, 1, 2, 3),  # explicit: as asked
+        ({}, None, 4, 10, 4),  # one per core this process may use
+        ({}, None, 4, 3, 3),  # at most the round's clients
+        ({}, None, 64, 100, 8),  # at most 8
+        ({}, "3", 16, 10, 3),  # OMP_NUM_THREADS (a sweep's share)
+        ({}, "junk", 5, 10, 5),  # an unreadable OMP_NUM_THREADS is ignored
+        ({"threads": 2}, "6", 16, 10, 2),  # train.threads first
+        ({"threads": 1}, None, 16, 10, 1),  # one thread: serial
+        ({"device": "cuda"}, None, 16, 10, 1),  # a GPU: one process
+    ],
+)
+def test_unset_workers_follow_the_cores(monkeypatch, train, omp, cores, clients, expected):
+    from protofed.config import TrainConfig
+    from protofed.runtime import parallel
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(parallel, "usable_cores", lambda: cores)
+    assert parallel.resolve_workers(TrainConfig(**train), clients) == expected
+
+
+def test_the_default_engine_trains_in_workers_with_the_serial_numbers(monkeypatch):
+    """Unset train.workers on a 3-core affinity: three workers, the numbers of serial."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    extra = ("train.rounds=2", "algorithm.name=ditto")
+    sim = simulate(prepare(_cfg(*extra)))
+    assert sim.prepared.cfg.train.workers is None and sim.transport.workers == 3
+    parallel = sim.run()
+    serial = simulate(prepare(_cfg(*extra, "train.workers=1", "train.threads=1")))
+    assert serial.transport.workers == 1 and serial.transport.pool is None
+    assert _numbers(serial.run()) == _numbers(parallel)
 
 
 def _signal_handlers(_inherited: object) -> tuple:

@@ -180,9 +180,18 @@ class TrainConfig(_Section):
     client_fraction: float = Field(1.0, gt=0, le=1)
     clients_per_round: int | None = Field(None, ge=1, description="Overrides client_fraction.")
     device: str = "cpu"
-    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores.")
-    workers: int = Field(
-        1, ge=1, description="Processes training clients in parallel (each single-threaded)."
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads, and the cores an unset train.workers counts; default: "
+        "OMP_NUM_THREADS, else the cores this process may use.",
+    )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        description="Processes training clients in parallel (each single-threaded); 1: serial; "
+        "None: on CPU one per core (train.threads, else OMP_NUM_THREADS, else the CPU "
+        "affinity), at most the round's clients and 8; on GPU 1.",
     )
     checkpoint_every: int = Field(1, ge=1)
     fused: bool = Field(

@@ -10,14 +10,19 @@ from protofed.errors import ConfigError
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint
 from protofed.runtime.local import InProcessTransport
-from protofed.runtime.loop import RoundLoop
+from protofed.runtime.loop import RoundLoop, clients_per_round
+from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, prepare, with_data_root
 from protofed.runtime.scoring import ServerSideEvaluation
 
 
 def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
-    """A round loop that trains every client in this process (`train.workers` processes)."""
-    transport = InProcessTransport(prepared, prepared.cfg.train.workers)
+    """A round loop that trains every client in this process (`train.workers` processes;
+    unset, one per usable core: `resolve_workers`)."""
+    train = prepared.cfg.train
+    clients = 1 if prepared.pooled is not None else len(prepared.fed.clients)
+    workers = resolve_workers(train, clients_per_round(train, clients))
+    transport = InProcessTransport(prepared, workers)
     return RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport), run_dir)
 
 

@@ -81,6 +81,7 @@ class InProcessTransport:
         self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
         parallel = workers > 1 and prepared.pooled is None and prepared.cfg.train.device == "cpu"
         self.pool = WorkerPool(prepared, workers) if parallel else None
+        self.workers = workers if parallel else 1  # processes training clients (1: serial)
 
     def state_of(self, client: int) -> Records:
         return self.states.get(client, {})

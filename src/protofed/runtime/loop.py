@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from protofed.config import TrainConfig
 from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
 from protofed.evaluation import select_round
@@ -47,6 +48,14 @@ def nonfinite(records: Records) -> str | None:
 
 OnRound = Callable[[int, dict, "dict | None"], None]
 """Called after every round with (round, the round's info, its metrics record or None)."""
+
+
+def clients_per_round(train: TrainConfig, population: int) -> int:
+    """How many of `population` clients a round samples (`train.clients_per_round`, else
+    `train.client_fraction` of them, rounded up, at least one)."""
+    if train.clients_per_round is not None:
+        return min(train.clients_per_round, population)
+    return max(1, math.ceil(train.client_fraction * population - 1e-9))
 
 
 class Transport(Protocol):
@@ -131,10 +140,7 @@ class RoundLoop:
         return {} if states is None else states.get(client, {})
 
     def per_round(self) -> int:
-        t = self.cfg.train
-        if t.clients_per_round is not None:
-            return min(t.clients_per_round, self.num_clients)
-        return max(1, math.ceil(t.client_fraction * self.num_clients - 1e-9))
+        return clients_per_round(self.cfg.train, self.num_clients)
 
     def checkpoint(self) -> dict:
         assert self.transport.states is not None, "the transport keeps no client states"

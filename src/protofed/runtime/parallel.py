@@ -1,7 +1,7 @@
 """Worker processes: the built-in engine's parallelism, and nothing else.
 
 Clients of a round are independent, so `train.workers = N` trains them in N processes, each
-single-threaded. On a small CPU this beats intra-op threads by a wide margin: the per-step
+single-threaded (unset: one per usable core, `resolve_workers`). On a small CPU this beats intra-op threads by a wide margin: the per-step
 kernels of federated models are too small for two threads to share, while two processes each
 keep one client's weights hot in their own cache.
 
@@ -23,6 +23,47 @@ from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
+
+from protofed.config import TrainConfig
+
+MAX_AUTO_WORKERS = 8
+"""The most workers an unset `train.workers` gives: past that the server's side of a round
+(aggregation, evaluation, moving replies) dominates, and each worker holds its own workspace
+model and optimizer state."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's, taskset's or a
+    batch job's share), not the machine's: a run must not oversubscribe what it was given."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        return os.cpu_count() or 1
+
+
+def _omp_threads() -> int | None:
+    """OMP_NUM_THREADS as a positive count (its first level when nested), else None."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+def resolve_workers(train: TrainConfig, clients: int) -> int:
+    """How many worker processes train a round's `clients`: `train.workers` when set.
+
+    Unset, a CPU run gets one single-threaded worker per core it may use, because small
+    federated models train far faster in N one-thread processes than in one N-thread process
+    (and give the numbers of `train.threads=1`, serial). The cores are `train.threads` if
+    set, else OMP_NUM_THREADS (a sweep sets it to share the machine among its runs), else the
+    CPU affinity; at most the round's clients (more would idle) and `MAX_AUTO_WORKERS`. A GPU
+    run gets 1: the device, not the cores, is what the clients share. 1 means serial.
+    """
+    if train.workers is not None:
+        return train.workers
+    if torch.device(train.device).type != "cpu":
+        return 1
+    cores = train.threads or _omp_threads() or usable_cores()
+    return max(1, min(cores, clients, MAX_AUTO_WORKERS))
+
 
 _INHERITED: Any = None  # what the forked workers inherit (set before the fork)
 
@@ -65,6 +106,7 @@ class WorkerPool:
         if "fork" not in mp.get_all_start_methods():
             raise RuntimeError("train.workers > 1 needs the 'fork' start method (Linux, macOS)")
         _INHERITED = inherited  # inherited by the forked children
+        self.workers = workers
         self._pool = mp.get_context("fork").Pool(
             workers, initializer=_init_worker, initargs=(os.getpid(),)
         )
