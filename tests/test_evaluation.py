@@ -79,3 +79,94 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
     assert len(calls) == 5  # ... is predicted again
     assert once["global"] == twice["global"] and once["personalization"] == twice["personalization"]
     assert 0.0 < once["global"]["acc"] < 1.0
+
+
+def _two_client_setup(digits_clients):
+    """Two real digits clients and two different mlp models (one per client)."""
+    import torch
+
+    from protofed.config import ModelConfig
+    from protofed.data.federated import FederatedData
+    from protofed.models import build_model
+
+    fed = FederatedData(
+        "digits",
+        10,
+        [str(i) for i in range(10)],
+        (64,),
+        "tabular",
+        digits_clients(300),
+        np.zeros((2, 10), dtype=np.int64),
+    )
+    weights = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = build_model(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    return fed, model, weights
+
+
+def test_the_generalization_sample_is_stratified_and_fixed_by_the_seed():
+    from protofed.evaluation import stratified_sample
+
+    y = np.repeat(np.arange(5), [400, 250, 120, 33, 7])
+    rng = np.random.default_rng(1)
+    y = y[rng.permutation(len(y))]
+    for size in (1, 17, 100, 333, 809):
+        idx = stratified_sample(y, size, np.random.default_rng(7))
+        assert len(idx) == size and len(np.unique(idx)) == size and np.all(np.diff(idx) > 0)
+        got = np.bincount(y[idx], minlength=5)
+        want = np.bincount(y, minlength=5) * size / len(y)
+        assert np.all(np.abs(got - want) < 1), (size, got, want)
+    same = stratified_sample(y, 100, np.random.default_rng(7))
+    assert np.array_equal(same, stratified_sample(y, 100, np.random.default_rng(7)))
+    assert not np.array_equal(same, stratified_sample(y, 100, np.random.default_rng(8)))
+
+
+def test_generalization_size_rule():
+    from protofed.evaluation import GENERALIZATION_CAP, generalization_size
+
+    assert generalization_size(None, 500) == 500
+    assert generalization_size(None, GENERALIZATION_CAP + 1) == GENERALIZATION_CAP
+    assert generalization_size(0, 10**6) == 10**6
+    assert generalization_size(40, 500) == 40
+    assert generalization_size(500, 500) == generalization_size(900, 500) == 500
+
+
+def test_a_sample_of_the_whole_union_gives_the_whole_union_scores(digits_clients):
+    from protofed.evaluation import Evaluator
+
+    fed, model, weights = _two_client_setup(digits_clients)
+    reference = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
+    union = sum(len(c.test_y) for c in fed.clients)
+    assert reference["samples"] == {"test": union, "generalization": union}
+    for setting in (0, union, union + 5):
+        got = Evaluator(fed, model, generalization_samples=setting, seed=3).evaluate(
+            weights.__getitem__, weights[0]
+        )
+        assert got == reference
+
+
+def test_a_sample_changes_generalization_only(digits_clients):
+    """Personalization, validation and the global score stay on the whole splits; the sample
+    is drawn once per seed, so two evaluators with one seed give the same scores."""
+    from protofed.evaluation import Evaluator
+
+    fed, model, weights = _two_client_setup(digits_clients)
+    whole = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
+    first = Evaluator(fed, model, generalization_samples=40, seed=3)
+    sampled = first.evaluate(weights.__getitem__, weights[0])
+    assert sampled["samples"] == {"test": whole["samples"]["test"], "generalization": 40}
+    for key in ("personalization", "val", "global"):
+        assert sampled[key] == whole[key], key
+    for key in ("pers_acc", "pers_f1", "val_acc", "val_f1"):
+        assert sampled["clients"][key] == whole["clients"][key], key
+    assert np.bincount(first.gen_y, minlength=10).sum() == 40
+    again = Evaluator(fed, model, generalization_samples=40, seed=3)
+    assert np.array_equal(again.gen_index, first.gen_index)
+    assert again.evaluate(weights.__getitem__, weights[0]) == sampled
+    other = Evaluator(fed, model, generalization_samples=40, seed=4)
+    assert not np.array_equal(other.gen_index, first.gen_index)
+    # a model shared by both clients (FedAvg) is scored on the same sample
+    shared = first.evaluate(lambda i: weights[0], weights[0])
+    assert shared["clients"]["gen_acc"] == [sampled["clients"]["gen_acc"][0]] * 2

@@ -35,6 +35,24 @@ def _numbers(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "time"}
 
 
+def test_the_round_record_names_the_generalization_sample(tmp_path):
+    cfg = _cfg("train.rounds=1", "train.workers=1", "eval.generalization_samples=50")
+    start(cfg, tmp_path / "run").run()
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["samples"]["generalization"] == 50 and record["samples"]["test"] > 50
+
+
+def test_checkpoints_from_before_generalization_samples_still_resume():
+    """Unset, the key is left out of the fingerprint, as it was before it existed."""
+    from protofed.runtime.fingerprint import fingerprint
+
+    assert "generalization_samples" not in fingerprint(prepare(_cfg()))["config"]
+    assert (
+        '"eval.generalization_samples": 50'
+        in fingerprint(prepare(_cfg("eval.generalization_samples=50")))["config"]
+    )
+
+
 def test_summary_has_the_contracted_keys(tmp_path):
     summary = start(_cfg(), tmp_path / "run").run()
     assert summary["rounds"] == 4

@@ -215,6 +215,13 @@ class EvalConfig(_Section):
     selection: Literal["val", "best_test", "last"] = "val"
     metric: Literal["f1", "acc"] = Field("f1", description="Metric the selection rule maximises.")
     generalization: bool = Field(True, description="Evaluate each client model on all test data.")
+    generalization_samples: int | None = Field(
+        None,
+        ge=0,
+        description="Score generalization on a class-stratified sample of this many of the "
+        "union's test samples, fixed by the seed; 0: the whole union; None: the whole union "
+        "up to 20,000 samples, a 20,000 sample above.",
+    )
     batch_size: int = Field(1024, ge=1)
     keep_prototypes_every: int = Field(
         0,

@@ -9,6 +9,12 @@ never sees does not count as a zero; on the union it averages over all classes p
 
 Clients whose models are the same tensors (FedAvg: every client holds the global model) are
 evaluated once: predictions on the union are computed per distinct model and sliced.
+
+Generalization costs (distinct client models) x (union size) predictions a round, and both
+grow with the number of clients; `eval.generalization_samples` scores it on a fixed
+class-stratified sample of the union instead (drawn once from the run's seed), by default of
+at most `GENERALIZATION_CAP` samples. Personalization and the global score always use the
+whole splits.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from protofed.core.seeding import EVALUATION, numpy_generator
 from protofed.core.types import Arrays
 from protofed.data.federated import FederatedData
 from protofed.models.base import FedModel
@@ -126,6 +133,34 @@ class _Union:
         return cls(torch.cat(xs), torch.cat(ys).cpu().numpy().astype(np.int64), bounds, owner)
 
 
+GENERALIZATION_CAP = 20_000
+"""The largest union scored whole when eval.generalization_samples is unset: no shipped data
+set's default split exceeds it, so their numbers are those of the whole union."""
+
+
+def generalization_size(setting: int | None, union: int) -> int:
+    """The samples generalization is scored on: `setting` (eval.generalization_samples), the
+    whole union when it is 0 or not smaller, and at most `GENERALIZATION_CAP` when None."""
+    if setting is None:
+        return min(union, GENERALIZATION_CAP)
+    return union if setting == 0 or setting >= union else setting
+
+
+def stratified_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """`size` sorted indices of `y`, each class's share of them within one sample of its share
+    of `y` (largest remainders; ties to the lower class), drawn without replacement by `rng`."""
+    classes, counts = np.unique(y, return_counts=True)
+    quota = counts * size / len(y)
+    take = np.floor(quota).astype(np.int64)
+    extra = np.argsort(-(quota - take), kind="stable")[: size - int(take.sum())]
+    take[extra] += 1
+    picked = [
+        rng.choice(np.flatnonzero(y == k), size=int(t), replace=False)
+        for k, t in zip(classes, take, strict=True)
+    ]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
 def _fingerprint(arrays: Arrays) -> tuple:
     """Models that share storage are the same model (only while both are alive: a freed
     tensor's address is reused, so fingerprints are compared among live models only)."""
@@ -141,7 +176,11 @@ class Evaluator:
         model: FedModel,
         batch_size: int = 1024,
         generalization: bool = True,
+        generalization_samples: int | None = None,
+        seed: int = 0,
     ) -> None:
+        """`generalization_samples` and `seed`: the union's sample generalization is scored
+        on (`generalization_size`), the same every round and every run with this seed."""
         self.fed = fed
         self.model = model
         self.batch_size = batch_size
@@ -149,6 +188,17 @@ class Evaluator:
         self.test = _Union.of(fed, "test")
         self.val = _Union.of(fed, "val")
         self.model_keys = set(model.state_dict())
+        union = len(self.test.y)
+        self.gen_size = generalization_size(generalization_samples, union)
+        # the sample: its indices into the union, inputs and labels (None: the whole union)
+        self.gen_index: np.ndarray | None = None
+        self.gen_x: torch.Tensor | None = None
+        self.gen_y = self.test.y
+        if generalization and self.gen_size < union:
+            rng = numpy_generator(seed, EVALUATION)
+            self.gen_index = stratified_sample(self.test.y, self.gen_size, rng)
+            self.gen_x = self.test.x[torch.from_numpy(self.gen_index).to(self.test.x.device)]
+            self.gen_y = self.test.y[self.gen_index]
 
     def _predict(self, weights: Arrays, x: torch.Tensor) -> np.ndarray:
         if weights.keys() != self.model_keys:
@@ -157,11 +207,18 @@ class Evaluator:
         load_weights(self.model, weights)
         return predict(self.model, x, self.batch_size).cpu().numpy()
 
+    def _gen_scores(self, pred: np.ndarray) -> tuple[float, float]:
+        """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
+        if not self.generalization:
+            return float("nan"), float("nan")
+        return _acc(self.gen_y, pred), _macro_f1(self.gen_y, pred)
+
     def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
-        Each distinct model predicts once: on the whole union when generalization is wanted or
-        when several clients share it (FedAvg), else only on its own client's samples.
+        Each distinct model predicts once: on the whole union when several clients share it
+        (FedAvg) or generalization is scored on the whole union, else on its own client's
+        samples (and on the generalization sample, when there is one).
         """
         n, c = len(self.fed.clients), self.fed.num_classes
         # which clients share a model: every client's weights are held while fingerprinting
@@ -180,17 +237,15 @@ class Evaluator:
             key = _fingerprint(weights)
             lo, hi = self.test.bounds[i]
             vlo, vhi = self.val.bounds[i]
-            if self.generalization or counts[key] > 1:
+            whole = self.generalization and self.gen_index is None
+            if whole or counts[key] > 1:
                 if key not in done:
                     if len(done) >= 4:
                         done.clear()
                     t = self._predict(weights, self.test.x)
                     v = self._predict(weights, self.val.x) if len(self.val.y) else val_pred
-                    ga, gf = (
-                        (_acc(self.test.y, t), _macro_f1(self.test.y, t))
-                        if self.generalization
-                        else (np.nan, np.nan)
-                    )
+                    on_sample = t if self.gen_index is None else t[self.gen_index]
+                    ga, gf = self._gen_scores(on_sample)
                     done[key] = (t, v, ga, gf)
                 t, v, gen_acc[i], gen_f1[i] = done[key]
                 test_pred[lo:hi], val_pred[vlo:vhi] = t[lo:hi], v[vlo:vhi]
@@ -198,6 +253,8 @@ class Evaluator:
                 test_pred[lo:hi] = self._predict(weights, self.test.x[lo:hi])
                 if vhi > vlo:
                     val_pred[vlo:vhi] = self._predict(weights, self.val.x[vlo:vhi])
+                if self.gen_x is not None:  # a model of its own, scored on the sample
+                    gen_acc[i], gen_f1[i] = self._gen_scores(self._predict(weights, self.gen_x))
         pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c)
         val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c)
         per = {
@@ -214,6 +271,10 @@ class Evaluator:
             "val": summarize(val_acc, val_f1),
             "global": None,
             "clients": per,
+            "samples": {
+                "test": len(self.test.y),
+                "generalization": self.gen_size if self.generalization else None,
+            },
         }
         if global_model is not None:
             # the global model is often one of the client models (FedAvg's): predict once

@@ -15,10 +15,15 @@ import torch
 MODEL_INIT, SAMPLING, CLIENT_TRAIN = 10, 11, 12
 DYNAMIC_DATA = 13  # data.dynamic: which clients lose which classes (runtime/dynamic.py)
 SERVER = 14  # an algorithm's server-side randomness (e.g. clustering), keyed further by it
+EVALUATION = 15  # eval.generalization_samples: the union's stratified sample (evaluation.py)
 
 
 def derive_seed(seed: int, *keys: int) -> int:
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def numpy_generator(seed: int, *keys: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, *keys]))
 
 
 def torch_generator(seed: int, *keys: int) -> torch.Generator:

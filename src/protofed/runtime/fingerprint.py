@@ -20,6 +20,12 @@ from protofed.runtime.provenance import file_sha256
 EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads", "eval.keep_prototypes_every")
 """Config keys that say where the data lie, how fast to run and what is kept for figures, not
 what is computed."""
+LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
+    "eval.generalization_samples": None,
+    "train.precision": "fp32",
+}
+"""Keys added after checkpoints existed, left out while at the default that keeps their old
+behaviour, so those checkpoints still resume."""
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -49,7 +55,7 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
         if k not in EXECUTION_KEYS
         and k != "model.init"
         and not k.startswith("pretrain.")
-        and (k, v) != ("train.precision", "fp32")
+        and not (k in LEFT_OUT_AT_DEFAULT and v == LEFT_OUT_AT_DEFAULT[k])
     }
     out = {
         "config": json.dumps(config, sort_keys=True),

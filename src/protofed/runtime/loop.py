@@ -248,6 +248,7 @@ class RoundLoop:
                 "generalization": scores["generalization"],
                 "global": scores["global"],
                 "val": scores["val"],
+                "samples": scores.get("samples"),  # test union, generalization sample
                 "server": info["server"],
                 "time": {
                     "train_s": info["train_s"],

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from protofed.core.types import Arrays, Records
+from protofed.data.federated import FederatedData
 from protofed.evaluation import Evaluator
 from protofed.runtime.prepare import Prepared
 
@@ -25,11 +26,22 @@ class ServerSideEvaluation:
     or fetched from the clients) and the global model, on the server's copy of the data."""
 
     def __init__(self, prepared: Prepared, transport: ClientModels) -> None:
-        cfg = prepared.cfg.eval
         self.prepared = prepared
         self.transport = transport
-        self.evaluator = Evaluator(prepared.fed, prepared.model, cfg.batch_size, cfg.generalization)
+        self.evaluator = self._evaluator(prepared.fed)
         self._staged: tuple[int, Evaluator] | None = None
+
+    def _evaluator(self, fed: FederatedData) -> Evaluator:
+        cfg = self.prepared.cfg
+        e = cfg.eval
+        return Evaluator(
+            fed,
+            self.prepared.model,
+            e.batch_size,
+            e.generalization,
+            e.generalization_samples,
+            cfg.seed,
+        )
 
     def evaluator_for(self, server_round: int) -> Evaluator:
         """The evaluator of `server_round`'s data: with data.dynamic, the clients' views that
@@ -39,12 +51,7 @@ class ServerSideEvaluation:
             return self.evaluator
         stage = dyn.stage(server_round)
         if self._staged is None or self._staged[0] != stage:
-            cfg = self.prepared.cfg.eval
-            view = dyn.federated(self.prepared.fed, server_round)
-            self._staged = (
-                stage,
-                Evaluator(view, self.prepared.model, cfg.batch_size, cfg.generalization),
-            )
+            self._staged = (stage, self._evaluator(dyn.federated(self.prepared.fed, server_round)))
         return self._staged[1]
 
     def evaluate(self, server: Records, server_round: int) -> dict:
