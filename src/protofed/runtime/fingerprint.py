@@ -46,8 +46,8 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
     `pretrain.*` only configures `protofed pretrain`; `model.init` counts by its file's
     sha256 (entry "init", present only when set, so older checkpoints still match), not by
     its path: a file overwritten under the same name must not resume silently.
-    `train.precision` counts only when not the default fp32, so checkpoints written before
-    the key existed still match.
+    Keys of `LEFT_OUT_AT_DEFAULT` count only away from their default, so checkpoints written
+    before they existed still match.
     """
     config = {
         k: v
