@@ -60,17 +60,22 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
     sim = simulate(prepare(cfg))
     setup_s = time.perf_counter() - t0
     per_round = []
+    last = [0.0]
 
     def on_round(r, info, record):
+        now = time.perf_counter()
         per_round.append(
             {
                 "round": r,
+                "wall_s": now - last[0],
                 "train_s": info["train_s"] + info["aggregate_s"],
                 "eval_s": record["time"]["eval_s"] if record else 0.0,
                 "acc": record["global"]["acc"] if record else None,
             }
         )
+        last[0] = now
 
+    last[0] = time.perf_counter()
     summary = sim.run(on_round=on_round)
     n = len(per_round)
     train_s = sum(p["train_s"] for p in per_round) / n
@@ -87,6 +92,8 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
         "final_global_acc": summary["final"]["global"]["acc"],
         "final_personalization_acc": summary["final"]["personalization"]["acc"],
         "accuracy_by_round": [p["acc"] for p in per_round],
+        # wall clock from the end of one round to the end of the next: everything a round does
+        "round_wall_s": [p["wall_s"] for p in per_round],
     }
 
 
@@ -123,7 +130,12 @@ def main() -> None:
             continue
         res = measure(name, overrides, args.rounds, args.data_dir, args.seed)
         results["runs"].append(res)
-        print(json.dumps({k: v for k, v in res.items() if k != "accuracy_by_round"}), flush=True)
+        print(
+            json.dumps(
+                {k: v for k, v in res.items() if k not in ("accuracy_by_round", "round_wall_s")}
+            ),
+            flush=True,
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
