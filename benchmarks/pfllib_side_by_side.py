@@ -19,7 +19,7 @@ every round, evaluation every round, on the CPU. PFLlib's command line:
           -lr 0.005 -eg 1 -dev cpu -go protofed_side_by_side
 (`-gr R-1` because PFLlib runs rounds 0..R-1, R in all; `-ncl 6`, since its default is 10).
 protofed's side is the config `b_harcnn_9ch_b10_pfllib` of benchmarks/speed_fedavg_uci_har.py,
-imported from there (its `measure`), once with train.workers=1 (protofed's default) and once
+imported from there (its `measure`), once with train.workers=1 (the serial engine) and once
 with train.workers=2.
 
 The data: PFLlib reads PATH/dataset/HAR/{train,test}/<client>.npz, each a pickled dict
