@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
-from protofed.evaluation import per_segment_scores, select_round
+from protofed.evaluation import per_segment_scores, select_global_round, select_round
 
 
 def test_per_client_scores_match_scikit_learn():
@@ -30,8 +30,52 @@ def test_per_client_scores_match_scikit_learn():
         assert acc[i] == pytest.approx(accuracy_score(y[mine], pred[mine]))
 
 
-def _rec(r, val, test):
-    return {"round": r, "val": {"f1": val, "acc": val}, "personalization": {"acc": test}}
+def test_f1_labels_rules_differ_where_a_client_predicts_a_class_it_lacks():
+    """Client 0 has classes 0 and 1 and predicts 2 once: `true` averages over {0, 1}, `union`
+    over {0, 1, 2} (class 2's F1 is 0). Client 1 predicts only its own classes: no difference."""
+    y = np.array([0, 0, 1, 1, 0, 1, 2, 2])
+    pred = np.array([0, 0, 1, 2, 0, 1, 2, 2])
+    owner = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    _, true = per_segment_scores(y, pred, owner, 2, 3)
+    _, union = per_segment_scores(y, pred, owner, 2, 3, labels="union")
+    mine = owner == 0
+    assert true[0] == pytest.approx((1 + 2 / 3) / 2)  # class 0: 1, class 1: 2/3
+    assert union[0] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert true[0] == pytest.approx(
+        f1_score(y[mine], pred[mine], labels=np.unique(y[mine]), average="macro")
+    )
+    assert union[0] == pytest.approx(f1_score(y[mine], pred[mine], average="macro"))
+    assert true[1] == union[1] == pytest.approx(f1_score(y[~mine], pred[~mine], average="macro"))
+
+
+def test_union_rule_matches_scikit_learns_default_per_client():
+    rng = np.random.default_rng(1)
+    n, c = 6, 5
+    owner = np.sort(rng.integers(0, n, 300))
+    y = rng.integers(0, 3, len(owner))  # the clients have classes 0..2 ...
+    pred = np.where(rng.random(len(y)) < 0.5, y, rng.integers(0, c, len(y)))  # ... predict 0..4
+    _, f1 = per_segment_scores(y, pred, owner, n, c, labels="union")
+    for i in range(n):
+        mine = owner == i
+        if mine.any():
+            ref = f1_score(y[mine], pred[mine], average="macro", zero_division=0)
+            assert f1[i] == pytest.approx(ref)
+
+
+def test_a_bare_yaml_true_names_the_f1_rule():
+    from protofed.config import load_config
+    from protofed.errors import ConfigError
+
+    assert load_config(None, ["eval.f1_labels=true"]).eval.f1_labels == "true"
+    assert load_config(None, ["eval.f1_labels=union"]).eval.f1_labels == "union"
+    assert load_config(None, []).eval.f1_labels == "true"
+    with pytest.raises(ConfigError, match="eval.f1_labels"):
+        load_config(None, ["eval.f1_labels=false"])
+
+
+def _rec(r, val, test, glob=None):
+    record = {"round": r, "val": {"f1": val, "acc": val}, "personalization": {"acc": test}}
+    return {**record, "global": None if glob is None else {"acc": glob, "f1": glob}}
 
 
 def test_selection_rules():
@@ -41,6 +85,16 @@ def test_selection_rules():
     assert select_round(history, "last")["round"] == 3
     no_val = [_rec(1, float("nan"), 0.9), _rec(2, float("nan"), 0.6)]
     assert select_round(no_val, "val")["round"] == 2
+
+
+def test_best_test_takes_the_global_score_from_the_global_models_own_best_round():
+    history = [_rec(1, 0.5, 0.9, 0.4), _rec(2, 0.7, 0.6, 0.8), _rec(3, 0.6, 0.7, None)]
+    assert select_round(history, "best_test")["round"] == 1
+    assert select_global_round(history, "best_test")["round"] == 2
+    assert select_global_round(history, "val")["round"] == 2  # the rule's own round
+    assert select_global_round(history, "last")["round"] == 3
+    no_global = [_rec(1, 0.5, 0.9), _rec(2, 0.7, 0.6)]
+    assert select_global_round(no_global, "best_test")["global"] is None
 
 
 def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_scores(

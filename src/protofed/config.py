@@ -229,6 +229,29 @@ class EvalConfig(_Section):
         description="Keep the class prototypes every k evaluated rounds in "
         "RUN/prototypes/round_<r>.npz (for `protofed embed --prototypes`); 0: never.",
     )
+    client_model: Literal["received", "trained"] = Field(
+        "received",
+        description="A client's own model: the one it would receive next (received), or the "
+        "one it held right after its last local training (trained: FedAli's official code; "
+        "one model kept per client, see trained_memory_mb).",
+    )
+    f1_labels: Literal["true", "union"] = Field(
+        "true",
+        description="Macro-F1 averaged over the classes in y_true (true), or in y_true and "
+        "y_pred (union: scikit-learn's default, FedAli's official code).",
+    )
+    trained_memory_mb: float = Field(
+        4096,
+        gt=0,
+        description="eval.client_model=trained: a run whose clients x model bytes exceed this "
+        "is refused before it starts.",
+    )
+
+    @field_validator("f1_labels", mode="before")
+    @classmethod
+    def _bare_true(cls, v: Any) -> Any:
+        """YAML reads `f1_labels: true` as a boolean: it names the rule `true`."""
+        return "true" if v is True else v
 
 
 class FlowerConfig(_Section):

@@ -3,9 +3,11 @@
 - Personalization: each client's own model on its own test split (FedAli section 5.1.4).
 - Generalization: each client's own model on the union of all clients' test splits.
 - Global: the server's model (if the method has one) on that union.
-Each is reported as accuracy and macro-F1, mean and std across clients. Macro-F1 on a client's
-own split averages over the classes present in that split's labels, so a class the client
-never sees does not count as a zero; on the union it averages over all classes present.
+Each is reported as accuracy and macro-F1, mean and std across clients. Macro-F1 averages over
+the classes present in the labels (`eval.f1_labels=true`, the default: a class a client never
+sees does not count as a zero on its own split), or over the classes present in the labels or
+the predictions (`union`: scikit-learn's default, FedAli's official code, where a class a
+client predicts but lacks counts as a zero).
 
 Clients whose models are the same tensors (FedAvg: every client holds the global model) are
 evaluated once: predictions on the union are computed per distinct model and sliced.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -34,13 +37,16 @@ from protofed.models.base import FedModel
 from protofed.training.client import load_weights
 from protofed.training.loop import predict
 
+F1Labels = Literal["true", "union"]
+"""Which classes macro-F1 averages over: those in y_true, or those in y_true or y_pred."""
 
-def _macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """Macro-F1 over the classes present in `y_true` (scikit-learn's definition)."""
+
+def _macro_f1(y_true: np.ndarray, y_pred: np.ndarray, labels: F1Labels = "true") -> float:
+    """Macro-F1 over the classes present in `y_true` (or in either, `union`), as scikit-learn."""
     if len(y_true) == 0:
         return float("nan")
-    labels = np.unique(y_true)
-    return float(f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0))
+    present = np.unique(y_true) if labels == "true" else np.union1d(y_true, y_pred)
+    return float(f1_score(y_true, y_pred, labels=present, average="macro", zero_division=0))
 
 
 def _acc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -48,16 +54,23 @@ def _acc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def per_segment_scores(
-    y_true: np.ndarray, y_pred: np.ndarray, segment: np.ndarray, num_segments: int, num_classes: int
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    segment: np.ndarray,
+    num_segments: int,
+    num_classes: int,
+    labels: F1Labels = "true",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Accuracy and macro-F1 of every segment (client) at once.
 
     The same numbers as scikit-learn's `f1_score(labels=unique(y_true), average="macro",
-    zero_division=0)` per segment (a test compares them), computed from one joint count of
-    (segment, class) true positives, false positives and false negatives: with a thousand
-    clients, one scikit-learn call per client would cost more than the predictions.
+    zero_division=0)` per segment, or with `union` its default labels (`f1_score(average=
+    "macro")`; tests compare both), computed from one joint count of (segment, class) true
+    positives, false positives and false negatives: with a thousand clients, one
+    scikit-learn call per client would cost more than the predictions.
     """
-    return scores_from_counts(*class_counts(y_true, y_pred, segment, num_segments, num_classes))
+    counts = class_counts(y_true, y_pred, segment, num_segments, num_classes)
+    return scores_from_counts(*counts, labels=labels)
 
 
 def class_counts(
@@ -81,16 +94,20 @@ def class_counts(
 
 
 def scores_from_counts(
-    tp: np.ndarray, support: np.ndarray, predicted: np.ndarray
+    tp: np.ndarray, support: np.ndarray, predicted: np.ndarray, labels: F1Labels = "true"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Accuracy and macro-F1 (over the classes present) of each row of (segments, classes) counts."""
+    """Accuracy and macro-F1 (over the classes present, see `F1Labels`) of each row of
+    (segments, classes) counts; NaN for a row without samples."""
     denom = support + predicted  # 2TP + FP + FN
     f1 = np.divide(2 * tp, denom, out=np.zeros(tp.shape), where=denom > 0)
     present = support > 0
+    has_samples = present.sum(1) > 0
+    if labels == "union":
+        present = present | (predicted > 0)
     n_present = present.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        macro = np.where(n_present > 0, (f1 * present).sum(1) / n_present, np.nan)
-        acc = np.where(n_present > 0, tp.sum(1) / support.sum(1), np.nan)
+        macro = np.where(has_samples, (f1 * present).sum(1) / n_present, np.nan)
+        acc = np.where(has_samples, tp.sum(1) / support.sum(1), np.nan)
     return acc, macro
 
 
@@ -176,8 +193,10 @@ class Evaluator:
         model: FedModel,
         batch_size: int = 1024,
         generalization: bool = True,
+        *,
         generalization_samples: int | None = None,
         seed: int = 0,
+        f1_labels: F1Labels = "true",
     ) -> None:
         """`generalization_samples` and `seed`: the union's sample generalization is scored
         on (`generalization_size`), the same every round and every run with this seed."""
@@ -185,6 +204,7 @@ class Evaluator:
         self.model = model
         self.batch_size = batch_size
         self.generalization = generalization
+        self.f1_labels = f1_labels
         self.test = _Union.of(fed, "test")
         self.val = _Union.of(fed, "val")
         self.model_keys = set(model.state_dict())
@@ -211,7 +231,7 @@ class Evaluator:
         """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
         if not self.generalization:
             return float("nan"), float("nan")
-        return _acc(self.gen_y, pred), _macro_f1(self.gen_y, pred)
+        return _acc(self.gen_y, pred), _macro_f1(self.gen_y, pred, self.f1_labels)
 
     def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
@@ -255,8 +275,9 @@ class Evaluator:
                     val_pred[vlo:vhi] = self._predict(weights, self.val.x[vlo:vhi])
                 if self.gen_x is not None:  # a model of its own, scored on the sample
                     gen_acc[i], gen_f1[i] = self._gen_scores(self._predict(weights, self.gen_x))
-        pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c)
-        val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c)
+        rule = self.f1_labels
+        pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c, rule)
+        val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c, rule)
         per = {
             "pers_acc": pers_acc.tolist(),
             "pers_f1": pers_f1.tolist(),
@@ -280,10 +301,10 @@ class Evaluator:
             # the global model is often one of the client models (FedAvg's): predict once
             known = done.get(_fingerprint(global_model))
             pred = known[0] if known is not None else self._predict(global_model, self.test.x)
-            _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c)
+            _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c, rule)
             result["global"] = {
                 "acc": _acc(self.test.y, pred),
-                "f1": _macro_f1(self.test.y, pred),
+                "f1": _macro_f1(self.test.y, pred, rule),
                 "f1_std": float(np.nanstd(f1s)),
             }
         return result
@@ -309,6 +330,17 @@ def select_round(history: list[dict], rule: str, metric: str = "f1") -> dict:
             return history[-1]
         return max(history, key=lambda h: _nan_to_low(h["val"][metric]))
     raise ValueError(f"unknown selection rule '{rule}'")
+
+
+def select_global_round(history: list[dict], rule: str, metric: str = "f1") -> dict:
+    """The round whose global score is reported: under `best_test`, the global model's own
+    best test accuracy (the round picked for the client models says nothing about the
+    server's model); under the other rules, the round `select_round` picks."""
+    if rule == "best_test":
+        scored = [h for h in history if h.get("global") is not None]
+        if scored:
+            return max(scored, key=lambda h: _nan_to_low(h["global"]["acc"]))
+    return select_round(history, rule, metric)
 
 
 def _nan_to_low(v: float) -> float:

@@ -560,10 +560,11 @@ class ClientSideEvaluation:
                 ok = value is not None and tuple(value.shape) == (3, c) and bool((value >= 0).all())
                 counts[key].append(value.numpy() if ok else nan)
         scores = {}
+        rule = self.prepared.cfg.eval.f1_labels
         for key in ("pers.test", "pers.val"):
             stack = np.stack(counts[key]).astype(float)
             stack[stack < 0] = np.nan  # a client without scores counts as missing
-            acc, f1 = scores_from_counts(stack[:, 0], stack[:, 1], stack[:, 2])
+            acc, f1 = scores_from_counts(stack[:, 0], stack[:, 1], stack[:, 2], rule)
             scores[key] = (acc, f1)
         result: dict[str, Any] = {
             "personalization": summarize(*scores["pers.test"]),
@@ -584,8 +585,8 @@ class ClientSideEvaluation:
             rows = np.stack([g for g in counts["global.test"] if (g >= 0).all()] or [nan])
             if (rows >= 0).all():
                 total = rows.sum(0)
-                acc, f1 = scores_from_counts(total[None, 0], total[None, 1], total[None, 2])
-                _, per_client = scores_from_counts(rows[:, 0], rows[:, 1], rows[:, 2])
+                acc, f1 = scores_from_counts(total[None, 0], total[None, 1], total[None, 2], rule)
+                _, per_client = scores_from_counts(rows[:, 0], rows[:, 1], rows[:, 2], rule)
                 result["global"] = {
                     "acc": float(acc[0]),
                     "f1": float(f1[0]),

@@ -39,8 +39,9 @@ class ServerSideEvaluation:
             self.prepared.model,
             e.batch_size,
             e.generalization,
-            e.generalization_samples,
-            cfg.seed,
+            generalization_samples=e.generalization_samples,
+            seed=cfg.seed,
+            f1_labels=e.f1_labels,
         )
 
     def evaluator_for(self, server_round: int) -> Evaluator:
