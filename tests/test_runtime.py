@@ -319,3 +319,15 @@ def test_server_metrics_reach_the_metrics_file_and_the_summary(tmp_path):
     assert summary["final"]["server"] == {"replies": 4.0, "round": 2.0}
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [line["server"]["round"] for line in lines] == [1.0, 2.0]
+
+
+def test_best_test_reports_the_global_models_own_best_round():
+    sim = simulate(prepare(_cfg("eval.selection=best_test", "train.client_fraction=0.5")))
+    summary = sim.run()
+    best = max(sim.history, key=lambda h: h["global"]["acc"])
+    chosen = summary["selected"]
+    assert chosen["round"] == max(sim.history, key=lambda h: h["personalization"]["acc"])["round"]
+    assert chosen["global_round"] == best["round"] != chosen["round"]  # here they differ
+    assert chosen["global"] == best["global"]
+    by_val = simulate(prepare(_cfg("train.rounds=2"))).run()["selected"]
+    assert by_val["global_round"] == by_val["round"]  # other rules: the selected round's

@@ -23,7 +23,7 @@ import torch
 from protofed.config import TrainConfig
 from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
-from protofed.evaluation import select_round
+from protofed.evaluation import select_global_round, select_round
 from protofed.runs import RunDir, strict_json
 from protofed.runtime.fingerprint import fingerprint
 from protofed.runtime.keep import keep, keeps
@@ -341,6 +341,7 @@ class RoundLoop:
                 return {"final": None, "selected": None}
             final = self.history[-1]
             chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
+            best_global = select_global_round(self.history, cfg.eval.selection, cfg.eval.metric)
             server_metrics: Metrics = final.get("server") or {}
             return {
                 "final": {"round": final["round"], **scores(final), "server": server_metrics},
@@ -348,6 +349,8 @@ class RoundLoop:
                     "round": chosen["round"],
                     "rule": cfg.eval.selection,
                     **scores(chosen),
+                    "global": best_global["global"],
+                    "global_round": best_global["round"],
                     "server": chosen.get("server") or {},
                 },
             }
