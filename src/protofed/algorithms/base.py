@@ -9,8 +9,9 @@ An algorithm answers:
 4. How does the server combine the replies?  `aggregate`, returning an `AggregateResult`
    (the new server state and the server's own metrics).
 Plus the models it is evaluated with: `client_model` (the client's personalized weights,
-built on the client side from the message and its state) and `global_model` (None if there
-is none).
+built on the client side from the message and its state), `trained_model` (the model the
+client holds right after its local training, for `eval.client_model=trained`) and
+`global_model` (None if there is none).
 
 The base class holds the defaults, so a method overrides only what differs from FedAvg: the
 server keeps and sends `{"model": weights}`, and `aggregate` is the example-weighted mean of
@@ -52,7 +53,12 @@ if TYPE_CHECKING:
 # what an algorithm module needs, in one import: the core types and this module's classes
 __all__ = ["Algorithm", "Hyperparams", "Setting"]
 __all__ += ["MODEL", "AggregateResult", "Arrays", "Client", "FitResult", "Metrics", "Records"]
-__all__ += ["Reply"]
+__all__ += ["Reply", "with_model"]
+
+
+def with_model(message: Records, arrays: Arrays) -> Records:
+    """`message` with `arrays` in place of the same names of its model record."""
+    return {**message, MODEL: {**message.get(MODEL, {}), **arrays}}
 
 
 class Hyperparams(BaseModel):
@@ -138,6 +144,20 @@ class Algorithm(ABC):
     def client_model(self, message: Records, state: Records) -> Arrays:
         """The client's personalized model weights (by default: the model it was sent)."""
         return message[MODEL]
+
+    def trained_model(self, message: Records, result: FitResult) -> Arrays:
+        """The model the client holds right after its local training (`eval.client_model=
+        trained`; FedAli's official code evaluates there), given the message `fit` got and
+        what it returned.
+
+        By default `client_model` with the reply's "model" record in place of the message's,
+        over the state `fit` kept: the trained weights wherever the reply carries them
+        (FedAvg), the kept ones wherever the state does (Local, Ditto). Override where the
+        message holds something training replaced (FedPAC's combined head).
+        """
+        if MODEL in result.reply:
+            message = with_model(message, result.reply[MODEL])
+        return self.client_model(message, result.state)
 
     def global_model(self, server: Records) -> Arrays | None:
         """The server's model weights, or None for methods without one."""

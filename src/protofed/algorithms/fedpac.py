@@ -252,3 +252,8 @@ class FedPAC(Algorithm):
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return {**message[MODEL], **self._head(message, state)}
+
+    def trained_model(self, message: Records, result: FitResult) -> Arrays:
+        """The trained body and head: the message's combined head is what training started
+        from, not what it ended with."""
+        return {**result.reply[MODEL], **result.reply[HEAD]}

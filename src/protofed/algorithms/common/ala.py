@@ -79,7 +79,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from protofed.algorithms.base import Algorithm, Hyperparams, Setting
+from protofed.algorithms.base import Algorithm, Hyperparams, Setting, with_model
 from protofed.algorithms.common.split import is_head
 from protofed.core.types import MODEL, Arrays, Client, FitResult, Metrics, Records
 from protofed.errors import ConfigError
@@ -367,11 +367,6 @@ class AdaptiveLocalAggregation(Algorithm):
                 local = combine(message[MODEL], local, own.get(WEIGHTS, {}))
             return super().client_model(with_model(message, local), inner)
         return super().client_model(message, inner)
-
-
-def with_model(message: Records, arrays: Arrays) -> Records:
-    """`message` with `arrays` in place of the same names of its model record."""
-    return {**message, MODEL: {**message[MODEL], **arrays}}
 
 
 @functools.cache
