@@ -46,6 +46,9 @@ def _error_line(result) -> str:
         (["data.name=uci_har", "data.dir=/nonexistent"], "/nonexistent"),
         (["data.name=arrays", "data.path=/nonexistent/x.npz"], "/nonexistent/x.npz"),
         (["model.name=resnet99"], "model.name"),
+        (["eval.client_model=kept"], "eval.client_model"),
+        (["eval.f1_labels=all"], "eval.f1_labels"),
+        (["eval.client_model=trained", "eval.trained_memory_mb=0.5"], "eval.trained_memory_mb"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, overrides, expected):

@@ -80,8 +80,16 @@ def test_same_config_and_seed_give_identical_numbers():
     assert _numbers(a) != _numbers(c)
 
 
-def test_killed_run_resumes_to_the_same_summary(tmp_path):
-    cfg = _cfg("train.client_fraction=0.5", "train.rounds=5", "eval.every=2")
+@pytest.mark.parametrize("client_model", ["received", "trained"])
+def test_killed_run_resumes_to_the_same_summary(tmp_path, client_model):
+    """Under `trained` the kept models are checkpointed: clients not sampled after the kill
+    are scored with the models they trained before it."""
+    cfg = _cfg(
+        "train.client_fraction=0.5",
+        "train.rounds=5",
+        "eval.every=2",
+        f"eval.client_model={client_model}",
+    )
     whole = start(cfg, tmp_path / "whole").run()
 
     class Killed(Exception):
@@ -147,29 +155,20 @@ def test_threads_setting_is_applied():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedrep"])
-def test_worker_processes_give_the_serial_numbers(algorithm):
-    serial = simulate(
-        prepare(
-            _cfg(
-                f"algorithm.name={algorithm}",
-                "train.threads=1",
-                "train.rounds=2",
-                "train.client_fraction=0.5",
-            )
-        )
-    ).run()
-    parallel = simulate(
-        prepare(
-            _cfg(
-                f"algorithm.name={algorithm}",
-                "train.threads=1",
-                "train.rounds=2",
-                "train.client_fraction=0.5",
-                "train.workers=2",
-            )
-        )
-    ).run()
+@pytest.mark.parametrize(
+    ("algorithm", "client_model"),
+    [("fedavg", "received"), ("local", "received"), ("fedrep", "received"), ("fedavg", "trained")],
+)
+def test_worker_processes_give_the_serial_numbers(algorithm, client_model):
+    settings = (
+        f"algorithm.name={algorithm}",
+        f"eval.client_model={client_model}",
+        "train.threads=1",
+        "train.rounds=2",
+        "train.client_fraction=0.5",
+    )
+    serial = simulate(prepare(_cfg(*settings))).run()
+    parallel = simulate(prepare(_cfg(*settings, "train.workers=2"))).run()
     assert _numbers(serial) == _numbers(parallel)
 
 

@@ -223,12 +223,17 @@ class Run:
         return module.eval()
 
     def client_model(self, client: int) -> torch.nn.Module:
-        """Client `client`'s personalized model after the last checkpointed round (in eval mode)."""
+        """Client `client`'s personalized model after the last checkpointed round (in eval
+        mode): the model the run scored it with, so with `eval.client_model=trained` the one
+        it kept after its last training (what it receives, if it never trained)."""
         _, algorithm = self._model_and_algorithm()
         ckpt = self._state()
         num = int(self.dir.read_json(PARTITION)["num_clients"])
         if not 0 <= client < num:
             raise ConfigError(f"client {client} is not in this run (0..{num - 1})")
+        trained = ckpt.get("trained", {}).get(str(client))  # kept only under `trained`
+        if trained is not None:
+            return self._module(trained)
         last = int(ckpt["progress"]["server_round"])
         message = algorithm.configure(ckpt["server"], client, last + 1)
         state = ckpt["clients"].get(str(client), {})

@@ -2,7 +2,9 @@
 
 A transport is how a round's messages reach the clients and their replies come back
 (`runtime.loop.Transport`). This one trains the clients itself, so it owns their states:
-they live in `states`, and the round loop checkpoints them. Clients are trained lazily, as
+they live in `states`, and the round loop checkpoints them. With `eval.client_model=trained`
+it also keeps, in `trained`, the model each client held right after its last local training
+(`Algorithm.trained_model`), checkpointed beside the states. Clients are trained lazily, as
 the aggregation consumes the replies, so a weighted mean over 1,000 clients never holds
 1,000 models.
 """
@@ -52,6 +54,11 @@ def run_fit(
     return algorithm.fit(context, message, state)
 
 
+def keeps_trained(cfg: ExperimentConfig) -> bool:
+    """Whether clients are scored with the model they trained (`eval.client_model`)."""
+    return cfg.eval.client_model == "trained"
+
+
 def fit_client(
     prepared: Prepared, server: Records, client: int, server_round: int, state: Records
 ) -> FitResult:
@@ -61,14 +68,18 @@ def fit_client(
 
 def fit_and_count(
     prepared: Prepared, server: Records, client: int, server_round: int, state: Records
-) -> tuple[FitResult, int]:
-    """`fit_client`, and the bytes of the message the client was sent."""
-    message = prepared.algorithm.configure(server, client, server_round)
+) -> tuple[FitResult, int, Arrays | None]:
+    """`fit_client`, the bytes of the message the client was sent, and the model it holds
+    after training where the run keeps it (else None). Built here, where the message is
+    (in a worker too: its tensors shared with the reply and the state come back once)."""
+    algorithm = prepared.algorithm
+    message = algorithm.configure(server, client, server_round)
     data = prepared.client_data(client, server_round)
     result = run_fit(
-        prepared.algorithm, prepared.model, prepared.cfg, data, message, client, server_round, state
+        algorithm, prepared.model, prepared.cfg, data, message, client, server_round, state
     )
-    return result, nbytes(message)
+    trained = algorithm.trained_model(message, result) if keeps_trained(prepared.cfg) else None
+    return result, nbytes(message), trained
 
 
 class InProcessTransport:
@@ -79,6 +90,8 @@ class InProcessTransport:
     def __init__(self, prepared: Prepared, workers: int = 1) -> None:
         self.prepared = prepared
         self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
+        # client id -> its model right after its last `fit` (eval.client_model=trained)
+        self.trained: dict[int, Arrays] | None = {} if keeps_trained(prepared.cfg) else None
         parallel = workers > 1 and prepared.pooled is None and prepared.cfg.train.device == "cpu"
         self.pool = WorkerPool(prepared, workers) if parallel else None
         self.workers = workers if parallel else 1  # processes training clients (1: serial)
@@ -96,22 +109,27 @@ class InProcessTransport:
             results = self.pool.map(fit_and_count, tasks)
         else:
             results = (fit_and_count(p, *task) for task in tasks)
-        for cid, (result, down) in zip(clients, results, strict=True):
+        for cid, (result, down, trained) in zip(clients, results, strict=True):
             if result.state:
                 self.states[cid] = result.state
             else:
                 self.states.pop(cid, None)
+            if self.trained is not None and trained is not None:
+                self.trained[cid] = trained
             examples = len(p.client_data(cid, server_round).train_y)
             yield Reply(cid, result.reply, result.metrics, float(examples)), down
 
     def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]:
-        """Client i's personalized weights after `server_round`, built here from its state."""
+        """Client i's personalized weights after `server_round`, built here from its state
+        (or the model it kept after training, `eval.client_model=trained`)."""
         algorithm = self.prepared.algorithm
+        trained = self.trained or {}
 
         def client_model(i: int) -> Arrays:
-            return algorithm.client_model(
-                algorithm.configure(server, i, server_round + 1), self.state_of(i)
-            )
+            if i in trained:  # a client that never trained is scored with what it receives
+                return trained[i]
+            message = algorithm.configure(server, i, server_round + 1)
+            return algorithm.client_model(message, self.state_of(i))
 
         return client_model
 

@@ -63,6 +63,9 @@ class Transport(Protocol):
 
     name: str  # the engine's name in the summary
     states: dict[int, Records] | None  # client states kept here (checkpointed), or None
+    # each client's model after its last training, kept here (eval.client_model=trained,
+    # checkpointed beside the states), or None (not kept, or kept on the clients)
+    trained: dict[int, Arrays] | None
 
     def fit(
         self, server: Records, server_round: int, clients: list[int]
@@ -147,10 +150,13 @@ class RoundLoop:
         assert self.run_dir is not None, "a checkpoint belongs to a run directory"
         if self._fingerprint is None:
             self._fingerprint = fingerprint(self.prepared)
+        trained = self.transport.trained or {}
         return {
             "progress": asdict(self.progress),
             "server": self.server,
             "clients": {str(i): s for i, s in self.transport.states.items()},
+            # tensors shared with the states (Local's model) are saved once by torch.save
+            "trained": {str(i): m for i, m in trained.items()},
             "fingerprint": self._fingerprint,
             "metrics": self.run_dir.metrics_position(),
         }
@@ -162,6 +168,9 @@ class RoundLoop:
         self.server = ckpt["server"]
         self.transport.states.clear()
         self.transport.states.update({int(i): s for i, s in ckpt["clients"].items()})
+        if self.transport.trained is not None:
+            self.transport.trained.clear()
+            self.transport.trained.update({int(i): m for i, m in ckpt.get("trained", {}).items()})
 
     # one round --------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 from protofed.algorithms import Algorithm, Setting, build_algorithm
 from protofed.config import ExperimentConfig
 from protofed.core.seeding import MODEL_INIT, derive_seed
-from protofed.core.types import clone
+from protofed.core.types import MODEL, clone, nbytes
 from protofed.data import data_root, load_plugins
 from protofed.data.federated import ClientData, FederatedData, build_federated
 from protofed.data.sources import recording_reads
@@ -78,6 +78,7 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     model, algorithm = build_model_and_algorithm(
         cfg, fed.input_shape, fed.num_classes, len(fed.clients), device
     )
+    check_trained_memory(cfg, model, len(fed.clients))
     dynamic = DynamicClasses.build(cfg.data.dynamic, fed, cfg.seed)
     if dynamic is not None:
         if algorithm.pools_data:
@@ -87,6 +88,22 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
+
+
+def check_trained_memory(cfg: ExperimentConfig, model: FedModel, num_clients: int) -> None:
+    """`eval.client_model=trained` keeps one model per client that has trained: refuse a run
+    whose clients x model bytes exceed `eval.trained_memory_mb` before it starts, rather
+    than let it run out of memory rounds later."""
+    if cfg.eval.client_model != "trained":
+        return
+    size = nbytes({MODEL: model.state_dict()})
+    need_mb = num_clients * size / 2**20
+    if need_mb > cfg.eval.trained_memory_mb:
+        raise ConfigError(
+            f"eval.client_model=trained keeps one model per client: {num_clients} x "
+            f"{size / 2**20:.3g} MB = {need_mb:.4g} MB exceeds eval.trained_memory_mb="
+            f"{cfg.eval.trained_memory_mb:g} (raise it, or use eval.client_model=received)"
+        )
 
 
 def with_data_root(cfg: ExperimentConfig, data_dir: str | Path | None = None) -> ExperimentConfig:
