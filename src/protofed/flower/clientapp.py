@@ -24,8 +24,9 @@ Fault drills (`PROTOFED_FLOWER_FAULT`, see `_fault`) make a client misbehave for
 
 Message types: "query" (who are you: client id, partition header), "train" (fit) and
 "evaluate": in mode "weights" (simulation) the client returns its personalized model
-(`client_model`) for the server's evaluation, sending only the weights that are not tensors
-of the message; in mode "scores" (deployment) it evaluates that model on its own test and
+(`client_model`; with `eval.client_model=trained` the model it kept in `Context.state`, beside
+its state, right after its last training) for the server's evaluation, sending only the
+weights that are not tensors of the message; in mode "scores" (deployment) it evaluates that model on its own test and
 validation splits, and the global model on its test split, and returns per-class counts.
 """
 
@@ -53,6 +54,7 @@ from protofed.flower import wire
 from protofed.flower.partitions import Partition, federation_header, load_partition
 from protofed.models.base import FedModel
 from protofed.runtime import Prepared, build_model_and_algorithm, prepare, run_fit
+from protofed.runtime.local import keeps_trained
 from protofed.runtime.prepare import resolve_device
 from protofed.training.client import load_weights
 from protofed.training.loop import predict
@@ -172,6 +174,17 @@ def _set_state(context: Context, key: str, state: Records) -> None:
         context.state[prefix + name] = wire.to_record(arrays)
 
 
+def _trained_key(key: str) -> str:
+    """Where a client keeps its model after training (`eval.client_model=trained`): beside
+    its state, outside the state's prefix, so `fit` never sees it."""
+    return f"{key}.trained"
+
+
+def _trained(context: Context, key: str, device: torch.device) -> Arrays | None:
+    record = context.state.array_records.get(_trained_key(key))
+    return None if record is None else wire.from_record(record, device)
+
+
 def _fault(cid: int, server_round: int) -> str | None:
     """Fault drills: PROTOFED_FLOWER_FAULT="client:round[:kind],..." in a node's environment
     makes that client misbehave in that round, for real, in the real ClientApp: `raise`
@@ -239,6 +252,9 @@ def train(msg: Message, context: Context) -> Message:
         _state(context, key, device),
     )
     _set_state(context, key, result.state)
+    if keeps_trained(side.cfg):
+        trained = side.algorithm.trained_model(message, result)
+        context.state[_trained_key(key)] = wire.to_record(trained)
     reply = result.reply if fault is None else _corrupt(result.reply, fault)
     examples = 1e12 if fault == "inflate" else float(len(data.train_y))
     metrics = {**result.metrics, wire.NUM_EXAMPLES: examples}
@@ -253,8 +269,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     cid, server_round = int(task["client"]), int(task["round"])
     device = resolve_device(side.cfg.train.device)
     message = wire.from_records(msg.content, device)
-    state = _state(context, wire.state_key(str(task["config"])), device)
-    model = side.algorithm.client_model(message, state)
+    key = wire.state_key(str(task["config"]))
+    model = _trained(context, key, device) if keeps_trained(side.cfg) else None
+    if model is None:  # received, or a client that never trained (as the built-in engine)
+        model = side.algorithm.client_model(message, _state(context, key, device))
     if str(task["mode"]) == "scores":
         scores = _scores(
             side, cid, server_round, model, msg.content.array_records.get(wire.GLOBAL), device

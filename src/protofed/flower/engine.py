@@ -196,6 +196,7 @@ class FlowerTransport:
     """
 
     states = None  # on the clients: a Flower run cannot be checkpointed here
+    trained = None  # eval.client_model=trained: kept on the clients too (Context.state)
 
     def __init__(self, prepared: Prepared, config_json: str, name: str) -> None:
         self.prepared = prepared
