@@ -69,6 +69,7 @@ IGNORED_KEYS = (
     "train.checkpoint_every",
     "eval.batch_size",
     "eval.keep_prototypes_every",
+    "eval.trained_memory_mb",
     "flower.timeout_s",
     "flower.client_cpus",
     "flower.ray_address",

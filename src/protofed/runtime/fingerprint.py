@@ -17,12 +17,20 @@ from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
 from protofed.runtime.provenance import file_sha256
 
-EXECUTION_KEYS = ("data.dir", "train.workers", "train.threads", "eval.keep_prototypes_every")
-"""Config keys that say where the data lie, how fast to run and what is kept for figures, not
-what is computed."""
+EXECUTION_KEYS = (
+    "data.dir",
+    "train.workers",
+    "train.threads",
+    "eval.keep_prototypes_every",
+    "eval.trained_memory_mb",
+)
+"""Config keys that say where the data lie, how fast to run, what is kept for figures and how
+much memory may be spent, not what is computed."""
 LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "eval.generalization_samples": None,
     "train.precision": "fp32",
+    "eval.client_model": "received",
+    "eval.f1_labels": "true",
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
 behaviour, so those checkpoints still resume."""
