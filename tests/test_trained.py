@@ -40,6 +40,7 @@ def test_a_fedavg_client_is_scored_with_the_model_its_fit_returned(tmp_path):
         "train.rounds=4",
         "train.client_fraction=0.5",
         "eval.selection=best_test",
+        "train.workers=1",  # the spy below sees fits in this process only
     )
     loop = start(cfg, tmp_path / "run")
     prepared = loop.prepared
