@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -235,6 +237,36 @@ def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert got == [(signal.SIG_DFL, signal.SIG_IGN)] * 3
+
+
+def test_a_sigterm_before_a_worker_reset_its_handlers_still_stops_it(monkeypatch):
+    """A worker terminated while still starting (a loaded machine forks slowly) must die of
+    the SIGTERM: had it reached the handler the worker inherited, Python would drop it and
+    `Pool.terminate()` would wait forever."""
+    from protofed.runtime import parallel
+
+    real = parallel._init_worker
+
+    def slow(parent: int) -> None:
+        time.sleep(1.0)  # the SIGTERM of pool.close() arrives before the worker's reset
+        real(parent)
+
+    monkeypatch.setattr(parallel, "_init_worker", slow)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        pool = parallel.WorkerPool(None, 2)
+        workers = list(pool._pool._pool)
+        closing = threading.Thread(target=pool.close, daemon=True)
+        closing.start()
+        closing.join(timeout=60)
+        hung = closing.is_alive()
+        for w in workers:  # never leave a worker behind, whatever happened
+            if w.exitcode is None:
+                os.kill(w.pid, signal.SIGKILL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not hung, "pool.close() hung on a worker that ignored its SIGTERM"
+    assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
 
 
 def test_a_thousand_clients_do_not_hold_a_thousand_models():

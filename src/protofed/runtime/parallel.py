@@ -71,6 +71,10 @@ _INHERITED: Any = None  # what the forked workers inherit (set before the fork)
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies (Linux)
 
 
+_RESET_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+"""What a worker handles its own way (`_init_worker`); blocked while workers are forked."""
+
+
 def _init_worker(parent: int) -> None:
     """One thread; the default signal handling; gone when the parent is.
 
@@ -78,12 +82,17 @@ def _init_worker(parent: int) -> None:
     simulation) the parent's SIGTERM handler raises SystemExit, so `Pool.terminate()` would
     make a worker run the parent's exit hooks and deadlock on a multiprocessing lock. SIGTERM
     is given back to the default (die at once); SIGINT is ignored, as Ctrl-C reaches the
-    whole process group and the parent stops the pool itself. On Linux a worker also dies
+    whole process group and the parent stops the pool itself. Both were blocked while the
+    worker was forked (`WorkerPool`), so one that came before this reset waited, and is
+    delivered now under the new handling: a SIGTERM that reached the inherited handler first
+    would otherwise be dropped by Python ("ignored due to race condition") and leave
+    `Pool.terminate()` waiting for a worker that never dies. On Linux a worker also dies
     with its parent, so a SIGKILLed run does not leave workers holding its run directory's
     lock (a forked flock) while they finish a client.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _RESET_SIGNALS)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
@@ -107,9 +116,15 @@ class WorkerPool:
             raise RuntimeError("train.workers > 1 needs the 'fork' start method (Linux, macOS)")
         _INHERITED = inherited  # inherited by the forked children
         self.workers = workers
-        self._pool = mp.get_context("fork").Pool(
-            workers, initializer=_init_worker, initargs=(os.getpid(),)
-        )
+        # the workers inherit this mask (and so do the pool's threads, which fork any
+        # replacement worker): see _init_worker; the parent's own is given back at once
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _RESET_SIGNALS)
+        try:
+            self._pool = mp.get_context("fork").Pool(
+                workers, initializer=_init_worker, initargs=(os.getpid(),)
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def map(self, function: Callable[..., Any], tasks: Iterable[tuple]) -> Iterator[Any]:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
