@@ -224,3 +224,45 @@ def test_a_sample_changes_generalization_only(digits_clients):
     # a model shared by both clients (FedAvg) is scored on the same sample
     shared = first.evaluate(lambda i: weights[0], weights[0])
     assert shared["clients"]["gen_acc"] == [sampled["clients"]["gen_acc"][0]] * 2
+
+
+def test_personalized_models_predict_the_validation_union_never(digits_clients):
+    """With generalization, each client's own model predicts the whole test union (its
+    generalization score) but only its own validation split: validation has no generalization
+    score. The scores are those of predicting both unions and slicing."""
+    import torch
+
+    from protofed.config import ModelConfig
+    from protofed.data.federated import FederatedData
+    from protofed.evaluation import Evaluator, per_segment_scores
+    from protofed.models import build_model
+
+    clients = digits_clients(150)
+    n = len(clients)
+    fed = FederatedData(
+        "digits", 10, [str(i) for i in range(10)], (64,), "tabular", clients, np.zeros((2, 10))
+    )
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
+    models = []
+    for _ in range(n):
+        models.append({k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()})
+    evaluator = Evaluator(fed, model)
+    calls = []
+    predict = evaluator._predict
+    evaluator._predict = lambda w, x: calls.append(len(x)) or predict(w, x)
+    scores = evaluator.evaluate(lambda i: models[i], None)
+    own_val = [hi - lo for lo, hi in evaluator.val.bounds]
+    assert calls == [c for i in range(n) for c in (len(evaluator.test.y), own_val[i])]
+    # the old way: every model on both unions, each client's slice of its own predictions
+    val_pred = np.concatenate(
+        [
+            predict(models[i], evaluator.val.x)[lo:hi]
+            for i, (lo, hi) in enumerate(evaluator.val.bounds)
+        ]
+    )
+    acc, f1 = per_segment_scores(evaluator.val.y, val_pred, evaluator.val.owner, n, 10)
+    assert scores["clients"]["val_acc"] == acc.tolist()
+    assert scores["clients"]["val_f1"] == f1.tolist()
+    evaluator.generalization = False
+    assert evaluator.evaluate(lambda i: models[i], None)["val"] == scores["val"]

@@ -236,9 +236,11 @@ class Evaluator:
     def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
-        Each distinct model predicts once: on the whole union when several clients share it
-        (FedAvg) or generalization is scored on the whole union, else on its own client's
-        samples (and on the generalization sample, when there is one).
+        Each distinct model predicts once: on the whole test union when several clients share
+        it (FedAvg) or generalization is scored on the whole union, else on its own client's
+        samples (and on the generalization sample, when there is one); on the validation union
+        only when several clients share it (validation has no generalization score, so a
+        personalized model predicts its own client's split alone).
         """
         n, c = len(self.fed.clients), self.fed.num_classes
         # which clients share a model: every client's weights are held while fingerprinting
@@ -263,12 +265,21 @@ class Evaluator:
                     if len(done) >= 4:
                         done.clear()
                     t = self._predict(weights, self.test.x)
-                    v = self._predict(weights, self.val.x) if len(self.val.y) else val_pred
+                    # validation has no generalization score: the union only for a shared model
+                    v = (
+                        self._predict(weights, self.val.x)
+                        if counts[key] > 1 and len(self.val.y)
+                        else None
+                    )
                     on_sample = t if self.gen_index is None else t[self.gen_index]
                     ga, gf = self._gen_scores(on_sample)
                     done[key] = (t, v, ga, gf)
                 t, v, gen_acc[i], gen_f1[i] = done[key]
-                test_pred[lo:hi], val_pred[vlo:vhi] = t[lo:hi], v[vlo:vhi]
+                test_pred[lo:hi] = t[lo:hi]
+                if v is not None:
+                    val_pred[vlo:vhi] = v[vlo:vhi]
+                elif vhi > vlo:
+                    val_pred[vlo:vhi] = self._predict(weights, self.val.x[vlo:vhi])
             else:
                 test_pred[lo:hi] = self._predict(weights, self.test.x[lo:hi])
                 if vhi > vlo:
