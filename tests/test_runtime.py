@@ -282,6 +282,7 @@ def test_a_thousand_clients_do_not_hold_a_thousand_models():
             "model.name=mlp",
             "model.hidden=[200,200]",
             "train.rounds=1",
+            "train.workers=1",  # this process's memory is what is measured
             "eval.generalization=false",
         ],
     )

@@ -196,7 +196,8 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(1, ge=1)
     fused: bool = Field(
         True,
-        description="Plain SGD without autograd where it is exactly the same (training/fused.py).",
+        description="Train sequential models without autograd where it is the same arithmetic, "
+        "for every optimizer (training/fused.py).",
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",

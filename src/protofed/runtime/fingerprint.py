@@ -33,7 +33,8 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "eval.f1_labels": "true",
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
-behaviour, so those checkpoints still resume."""
+behaviour, so those checkpoints still resume. (An unset generalization_samples keeps it only
+for test unions up to 20,000 samples: a larger run from before resumes scored on a sample.)"""
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 from protofed.algorithms import Algorithm
 from protofed.config import ExperimentConfig
 from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
-from protofed.core.types import Arrays, FitResult, Records, Reply, nbytes
+from protofed.core.types import Arrays, FitResult, Records, Reply, clone, nbytes
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
 from protofed.runtime.parallel import WorkerPool
@@ -115,7 +115,10 @@ class InProcessTransport:
             else:
                 self.states.pop(cid, None)
             if self.trained is not None and trained is not None:
-                self.trained[cid] = trained
+                # from a worker, every tensor is a shared-memory segment holding a file
+                # descriptor while it lives: a private copy keeps clients x tensors
+                # descriptors from piling up (a FedAli run would pass a 1,024 limit)
+                self.trained[cid] = trained if self.pool is None else clone(trained)
             examples = len(p.client_data(cid, server_round).train_y)
             yield Reply(cid, result.reply, result.metrics, float(examples)), down
 

@@ -205,6 +205,8 @@ class RoundLoop:
                         raise Diverged(f"{what} (train.on_nonfinite=drop leaves such replies out)")
                     log.warning("%s: left out of the round", what)
                     self.progress.dropped_nonfinite += 1
+                    if self.transport.trained is not None:  # nor scored with that model
+                        self.transport.trained.pop(reply.client, None)
                     t0 = time.perf_counter()
                     continue
                 accepted += 1

@@ -54,14 +54,15 @@ def resolve_workers(train: TrainConfig, clients: int) -> int:
     federated models train far faster in N one-thread processes than in one N-thread process
     (and give the numbers of `train.threads=1`, serial). The cores are `train.threads` if
     set, else OMP_NUM_THREADS (a sweep sets it to share the machine among its runs), else the
-    CPU affinity; at most the round's clients (more would idle) and `MAX_AUTO_WORKERS`. A GPU
-    run gets 1: the device, not the cores, is what the clients share. 1 means serial.
+    CPU affinity, and never more than the affinity; at most the round's clients (more would
+    idle) and `MAX_AUTO_WORKERS`. A GPU run gets 1: the device, not the cores, is what the
+    clients share; so does a platform without fork (Windows). 1 means serial.
     """
     if train.workers is not None:
         return train.workers
-    if torch.device(train.device).type != "cpu":
-        return 1
-    cores = train.threads or _omp_threads() or usable_cores()
+    if torch.device(train.device).type != "cpu" or "fork" not in mp.get_all_start_methods():
+        return 1  # a GPU, or no fork (Windows): the serial engine
+    cores = min(train.threads or _omp_threads() or usable_cores(), usable_cores())
     return max(1, min(cores, clients, MAX_AUTO_WORKERS))
 
 

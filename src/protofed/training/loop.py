@@ -42,7 +42,8 @@ def make_optimizer(
     The fused kernels (one vectorised pass over each tensor, on the CPU since torch 2.4) do
     the foreach arithmetic in fewer passes over memory: for harcnn's 2.25 M weights, one
     thread, Adam's step took 3.9 ms against foreach's 11.6, momentum SGD's 2.7 against 3.5
-    (plain SGD stays on foreach: its one pass gains nothing). benchmarks/speed_optimizers.py.
+    (200 steps on random gradients, 2026-11-25, a loaded machine; plain SGD stays on foreach,
+    which was faster there). Whole rounds: benchmarks/speed_optimizers.py.
     """
     lr = train.lr if lr is None else lr
     params = list(params)
