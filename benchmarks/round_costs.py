@@ -1,4 +1,4 @@
-"""Where a round's time goes, for the recipes people run (the README's benchmark table).
+"""Where a round's time goes, for the recipes people run (README: Where a round's time goes).
 
 For fedavg, ditto, fedproto and fedala (configs/uci_har_natural.yaml: cnn1d, SGD momentum 0.9,
 2 local epochs) and fedali (configs/fedali_uci_har_natural.yaml: HART with ALP layers, Adam,
