@@ -162,10 +162,10 @@ def test_trained_model_of_the_other_methods_is_their_personalized_model_after_tr
 
 
 def test_kept_models_share_the_tensors_of_the_state():
-    """Local's trained model is its state: keeping it costs nothing."""
-    loop = simulate(
-        prepare(_cfg("algorithm.name=local", "eval.client_model=trained", "train.rounds=1"))
-    )
+    """Local's trained model is its state: in the serial engine keeping it costs nothing
+    (from worker processes it is copied out of shared memory, one file descriptor a tensor)."""
+    extra = ("algorithm.name=local", "eval.client_model=trained", "train.rounds=1")
+    loop = simulate(prepare(_cfg(*extra, "train.workers=1")))
     loop.run()
     trained, states = loop.transport.trained, loop.transport.states
     assert trained is not None and trained.keys() == states.keys()
