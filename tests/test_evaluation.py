@@ -125,14 +125,24 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
     copy = {k: v.clone() for k, v in shared.items()}
     evaluator = Evaluator(fed, model)
     calls = []
-    predict = evaluator._predict
-    evaluator._predict = lambda w, x: calls.append(len(x)) or predict(w, x)
+    evaluator._predict = _counting(evaluator, calls)
     once = evaluator.evaluate(lambda i: shared, shared)
     assert calls == [len(evaluator.test.y), len(evaluator.val.y)]  # test and val, once each
     twice = evaluator.evaluate(lambda i: shared, copy)  # an equal model in other tensors
     assert len(calls) == 5  # ... is predicted again
     assert once["global"] == twice["global"] and once["personalization"] == twice["personalization"]
     assert 0.0 < once["global"]["acc"] < 1.0
+
+
+def _counting(evaluator, calls: list[int]):
+    """`evaluator._predict`, recording how many inputs each call predicts."""
+    predict = evaluator._predict
+
+    def spy(weights, split, lo=0, hi=None, body=None):
+        calls.append(len(evaluator._inputs(split)[lo:hi]))
+        return predict(weights, split, lo, hi, body)
+
+    return spy
 
 
 def _two_client_setup(digits_clients):
@@ -250,19 +260,75 @@ def test_personalized_models_predict_the_validation_union_never(digits_clients):
     evaluator = Evaluator(fed, model)
     calls = []
     predict = evaluator._predict
-    evaluator._predict = lambda w, x: calls.append(len(x)) or predict(w, x)
+    evaluator._predict = _counting(evaluator, calls)
     scores = evaluator.evaluate(lambda i: models[i], None)
     own_val = [hi - lo for lo, hi in evaluator.val.bounds]
     assert calls == [c for i in range(n) for c in (len(evaluator.test.y), own_val[i])]
     # the old way: every model on both unions, each client's slice of its own predictions
     val_pred = np.concatenate(
-        [
-            predict(models[i], evaluator.val.x)[lo:hi]
-            for i, (lo, hi) in enumerate(evaluator.val.bounds)
-        ]
+        [predict(models[i], "val")[lo:hi] for i, (lo, hi) in enumerate(evaluator.val.bounds)]
     )
     acc, f1 = per_segment_scores(evaluator.val.y, val_pred, evaluator.val.owner, n, 10)
     assert scores["clients"]["val_acc"] == acc.tolist()
     assert scores["clients"]["val_f1"] == f1.tolist()
     evaluator.generalization = False
     assert evaluator.evaluate(lambda i: models[i], None)["val"] == scores["val"]
+
+
+def test_models_that_share_a_body_embed_it_once_with_the_same_scores(digits_clients):
+    """FedRep's clients hold the server's body with their own heads: the body runs once per
+    split for all of them, and every score equals that of running each model whole."""
+    import torch
+
+    from protofed.evaluation import Evaluator
+
+    fed, model, (base, _) = _two_client_setup(digits_clients)
+    n = len(fed.clients)
+    body = {k: v for k, v in base.items() if k.startswith("features.")}
+    generator = torch.Generator().manual_seed(0)
+    models = [
+        {
+            **body,
+            **{
+                k: v + 0.5 * torch.randn(v.shape, generator=generator)
+                for k, v in base.items()
+                if k not in body
+            },
+        }
+        for _ in range(n)
+    ]
+    embedded = []
+    hook = model.features.register_forward_hook(lambda m, i, o: embedded.append(len(i[0])))
+    try:
+        fast = Evaluator(fed, model)
+        assert fast.share_bodies
+        got = fast.evaluate(models.__getitem__, None)
+        once = sum(embedded)
+        embedded.clear()
+        slow = Evaluator(fed, model)
+        slow.share_bodies = False
+        want = slow.evaluate(models.__getitem__, None)
+    finally:
+        hook.remove()
+    assert got == want
+    assert once == len(fast.test.y) + len(fast.val.y)  # each union once, for both models
+    assert sum(embedded) == n * len(fast.test.y) + len(fast.val.y)
+    # distinct bodies: nothing shared, the same scores as before
+    own = [{**m, **{k: v + 0.01 for k, v in body.items()}} for m in models]
+    assert Evaluator(fed, model).evaluate(own.__getitem__, None) == slow.evaluate(
+        own.__getitem__, None
+    )
+
+
+def test_a_batch_dependent_model_never_shares_embeddings():
+    """FedAli's ALP layers balance over the batch (`inference="batch"`): reusing one pass's
+    embeddings for inputs batched otherwise would change predictions."""
+    from protofed.config import ModelConfig
+    from protofed.models import build_model
+
+    def hart(inference: str):
+        alp = {"enabled": True, "prototypes": [4] * 6, "inference": inference}
+        return build_model(ModelConfig(name="hart", alp=alp), (3, 128), 6)
+
+    assert hart("batch").batch_dependent and not hart("sample").batch_dependent
+    assert not build_model(ModelConfig(name="hart"), (3, 128), 6).batch_dependent

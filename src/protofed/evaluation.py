@@ -10,7 +10,9 @@ the predictions (`union`: scikit-learn's default, FedAli's official code, where 
 client predicts but lacks counts as a zero).
 
 Clients whose models are the same tensors (FedAvg: every client holds the global model) are
-evaluated once: predictions on the union are computed per distinct model and sliced.
+evaluated once: predictions on the union are computed per distinct model and sliced. Distinct
+models that share their body (FedRep, FedPer, FedBABU: the server's body with each client's
+head) share its embeddings: the body runs once per split and only the heads run per model.
 
 Generalization costs (distinct client models) x (union size) predictions a round, and both
 grow with the number of clients; `eval.generalization_samples` scores it on a fixed
@@ -34,6 +36,7 @@ from protofed.core.seeding import EVALUATION, numpy_generator
 from protofed.core.types import Arrays
 from protofed.data.federated import FederatedData
 from protofed.models.base import FedModel
+from protofed.prototypes import embed
 from protofed.training.client import load_weights
 from protofed.training.loop import predict
 
@@ -178,10 +181,15 @@ def stratified_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
-def _fingerprint(arrays: Arrays) -> tuple:
+def _fingerprint(arrays: Arrays, names: Callable[[str], bool] = lambda _: True) -> tuple:
     """Models that share storage are the same model (only while both are alive: a freed
-    tensor's address is reused, so fingerprints are compared among live models only)."""
-    return tuple((k, v.data_ptr()) for k, v in sorted(arrays.items()))
+    tensor's address is reused, so fingerprints are compared among live models only);
+    `names` restricts it to some tensors (a model's body)."""
+    return tuple((k, v.data_ptr()) for k, v in sorted(arrays.items()) if names(k))
+
+
+def _is_body(name: str) -> bool:
+    return name.startswith("features.")
 
 
 class Evaluator:
@@ -208,6 +216,14 @@ class Evaluator:
         self.test = _Union.of(fed, "test")
         self.val = _Union.of(fed, "val")
         self.model_keys = set(model.state_dict())
+        # a body's embeddings serve every model that shares it only where the model is
+        # exactly head(features(x)) and a sample's embedding does not depend on its batch
+        self.share_bodies = (
+            isinstance(model, FedModel)
+            and type(model).forward is FedModel.forward
+            and not model.batch_dependent
+        )
+        self._embedded: dict[tuple, torch.Tensor] = {}
         union = len(self.test.y)
         self.gen_size = generalization_size(generalization_samples, union)
         # the sample: its indices into the union, inputs and labels (None: the whole union)
@@ -220,12 +236,34 @@ class Evaluator:
             self.gen_x = self.test.x[torch.from_numpy(self.gen_index).to(self.test.x.device)]
             self.gen_y = self.test.y[self.gen_index]
 
-    def _predict(self, weights: Arrays, x: torch.Tensor) -> np.ndarray:
+    def _inputs(self, split: str) -> torch.Tensor:
+        x = {"test": self.test.x, "val": self.val.x, "gen": self.gen_x}[split]
+        assert x is not None
+        return x
+
+    def _predict(
+        self,
+        weights: Arrays,
+        split: str,
+        lo: int = 0,
+        hi: int | None = None,
+        body: tuple | None = None,
+    ) -> np.ndarray:
+        """Predictions of `weights` on `split`'s inputs [lo:hi] ("test", "val" or "gen": the
+        generalization sample). `body`: the fingerprint of a body other models of this round
+        share; its embedding of the whole split is computed once, and only the head runs."""
         if weights.keys() != self.model_keys:
             missing = sorted(self.model_keys - weights.keys())[:3]
             raise ValueError(f"an evaluated model must carry every weight; missing {missing}")
         load_weights(self.model, weights)
-        return predict(self.model, x, self.batch_size).cpu().numpy()
+        x = self._inputs(split)
+        if body is None:
+            return predict(self.model, x[lo:hi], self.batch_size).cpu().numpy()
+        features = self._embedded.get((body, split))
+        if features is None:
+            features = embed(self.model, x, self.batch_size)
+            self._embedded[(body, split)] = features
+        return predict(self.model.head, features[lo:hi], self.batch_size).cpu().numpy()
 
     def _gen_scores(self, pred: np.ndarray) -> tuple[float, float]:
         """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
@@ -247,8 +285,18 @@ class Evaluator:
         # (no extra memory where they live elsewhere, as FedAvg's global model or Local's
         # states; a model built on the fly, as FedALA's aggregate, cannot reuse the address of
         # another client's freed one and pass for it), then released one by one
-        models: list[Arrays | None] = [client_model(i) for i in range(n)]
-        counts = Counter(_fingerprint(m) for m in models if m is not None)
+        held = [client_model(i) for i in range(n)]
+        keys = [_fingerprint(m) for m in held]
+        counts = Counter(keys)
+        # a body is shared where distinct models hold the same body tensors (fingerprinted
+        # here, while every model is alive); its embeddings are made once this round
+        bodies = [_fingerprint(m, _is_body) for m in held]
+        models_per_body = Counter(body for _, body in set(zip(keys, bodies, strict=True)))
+        shared = [b if self.share_bodies and models_per_body[b] > 1 else None for b in bodies]
+        pending = Counter(b for b in shared if b is not None)  # its embeddings go after the last
+        self._embedded.clear()
+        models: list[Arrays | None] = list(held)
+        del held
         test_pred = np.full(len(self.test.y), -1, dtype=np.int64)
         val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
@@ -256,7 +304,7 @@ class Evaluator:
         for i in range(n):
             weights, models[i] = models[i], None
             assert weights is not None
-            key = _fingerprint(weights)
+            key, body = keys[i], shared[i]
             lo, hi = self.test.bounds[i]
             vlo, vhi = self.val.bounds[i]
             whole = self.generalization and self.gen_index is None
@@ -264,10 +312,10 @@ class Evaluator:
                 if key not in done:
                     if len(done) >= 4:
                         done.clear()
-                    t = self._predict(weights, self.test.x)
+                    t = self._predict(weights, "test", body=body)
                     # validation has no generalization score: the union only for a shared model
                     v = (
-                        self._predict(weights, self.val.x)
+                        self._predict(weights, "val", body=body)
                         if counts[key] > 1 and len(self.val.y)
                         else None
                     )
@@ -279,13 +327,19 @@ class Evaluator:
                 if v is not None:
                     val_pred[vlo:vhi] = v[vlo:vhi]
                 elif vhi > vlo:
-                    val_pred[vlo:vhi] = self._predict(weights, self.val.x[vlo:vhi])
+                    val_pred[vlo:vhi] = self._predict(weights, "val", vlo, vhi, body)
             else:
-                test_pred[lo:hi] = self._predict(weights, self.test.x[lo:hi])
+                test_pred[lo:hi] = self._predict(weights, "test", lo, hi, body)
                 if vhi > vlo:
-                    val_pred[vlo:vhi] = self._predict(weights, self.val.x[vlo:vhi])
+                    val_pred[vlo:vhi] = self._predict(weights, "val", vlo, vhi, body)
                 if self.gen_x is not None:  # a model of its own, scored on the sample
-                    gen_acc[i], gen_f1[i] = self._gen_scores(self._predict(weights, self.gen_x))
+                    pred = self._predict(weights, "gen", body=body)
+                    gen_acc[i], gen_f1[i] = self._gen_scores(pred)
+            if body is not None:
+                pending[body] -= 1
+                if not pending[body]:
+                    for split in ("test", "val", "gen"):
+                        self._embedded.pop((body, split), None)
         rule = self.f1_labels
         pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c, rule)
         val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c, rule)
@@ -311,7 +365,7 @@ class Evaluator:
         if global_model is not None:
             # the global model is often one of the client models (FedAvg's): predict once
             known = done.get(_fingerprint(global_model))
-            pred = known[0] if known is not None else self._predict(global_model, self.test.x)
+            pred = known[0] if known is not None else self._predict(global_model, "test")
             _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c, rule)
             result["global"] = {
                 "acc": _acc(self.test.y, pred),

@@ -22,6 +22,13 @@ class FedModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
+    @property
+    def batch_dependent(self) -> bool:
+        """Whether, in eval mode, a sample's output depends on the other samples of its batch
+        (FedAli's ALP layers with `inference="batch"`): then a scorer may not reuse one pass's
+        embeddings for inputs batched another way."""
+        return any(getattr(m, "batch_dependent", False) for m in self.modules() if m is not self)
+
     def param_groups(self) -> dict[str, list[str]]:
         """Parameter names by part: {'features': [...], 'head': [...]}."""
         groups: dict[str, list[str]] = {"features": [], "head": []}

@@ -115,6 +115,9 @@ class ALP(nn.Module):
         self.matching, self.topk = matching, topk
         self.use_global, self.local_at_inference = use_global, local_at_inference
         self.inference = inference
+        # in eval mode a sample's output depends on its batch (Sinkhorn balances over it):
+        # scorers that reuse embeddings across batches must not (FedModel.batch_dependent)
+        self.batch_dependent = inference == "batch"
         # standard-normal banks, as the paper; the model's seed makes them reproducible
         self.register_buffer(LOCAL, torch.randn(num_prototypes, dim))
         self.register_buffer(GLOBAL, torch.randn(num_prototypes, dim))
