@@ -24,7 +24,7 @@ whole splits.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +39,16 @@ from protofed.models.base import FedModel
 from protofed.prototypes import embed
 from protofed.training.client import load_weights
 from protofed.training.loop import predict
+
+Spec = tuple[str, int, int | None]
+"""What a model predicts: a split ("test", "val" or "gen", the generalization sample) and the
+range [lo:hi] of its samples (hi None: to the end)."""
+
+PredictMany = Callable[[list[tuple[Arrays, list[Spec]]]], Iterable[list[np.ndarray]]]
+"""Predictions of several models, each on its specs (`Evaluator.evaluate`)."""
+
+PREDICT_CHUNK = 32
+"""Distinct models handed to `predict_many` at a time: the weights in flight stay bounded."""
 
 F1Labels = Literal["true", "union"]
 """Which classes macro-F1 averages over: those in y_true, or those in y_true or y_pred."""
@@ -271,20 +281,42 @@ class Evaluator:
             return float("nan"), float("nan")
         return _acc(self.gen_y, pred), _macro_f1(self.gen_y, pred, self.f1_labels)
 
-    def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
+    def _needs(self, i: int, several: bool) -> list[Spec]:
+        """What client i's model predicts: the test union where several clients share the
+        model or generalization is scored on the whole union, else its own test split (and
+        the generalization sample, if any); the validation union where several clients share
+        the model, else its own validation split (validation has no generalization score)."""
+        lo, hi = self.test.bounds[i]
+        vlo, vhi = self.val.bounds[i]
+        whole = self.generalization and self.gen_index is None
+        specs: list[Spec] = [("test", 0, None) if whole or several else ("test", lo, hi)]
+        if several and len(self.val.y):
+            specs.append(("val", 0, None))
+        elif vhi > vlo:
+            specs.append(("val", vlo, vhi))
+        if not (whole or several) and self.gen_x is not None:
+            specs.append(("gen", 0, None))
+        return specs
+
+    def evaluate(
+        self,
+        client_model: Callable[[int], Arrays],
+        global_model: Arrays | None,
+        predict_many: PredictMany | None = None,
+    ) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
-        Each distinct model predicts once: on the whole test union when several clients share
-        it (FedAvg) or generalization is scored on the whole union, else on its own client's
-        samples (and on the generalization sample, when there is one); on the validation union
-        only when several clients share it (validation has no generalization score, so a
-        personalized model predicts its own client's split alone).
+        Each distinct model predicts once what its clients need (`_needs`). `predict_many`
+        (the runtime's worker processes) predicts a chunk of distinct models at a time:
+        `predict_many([(weights, specs), ...])` gives each one's predictions, in order, as
+        `self._predict(weights, *spec)` would. Models that share a body stay here, where its
+        embeddings are.
         """
         n, c = len(self.fed.clients), self.fed.num_classes
         # which clients share a model: every client's weights are held while fingerprinting
         # (no extra memory where they live elsewhere, as FedAvg's global model or Local's
         # states; a model built on the fly, as FedALA's aggregate, cannot reuse the address of
-        # another client's freed one and pass for it), then released one by one
+        # another client's freed one and pass for it), then released chunk by chunk
         held = [client_model(i) for i in range(n)]
         keys = [_fingerprint(m) for m in held]
         counts = Counter(keys)
@@ -293,53 +325,64 @@ class Evaluator:
         bodies = [_fingerprint(m, _is_body) for m in held]
         models_per_body = Counter(body for _, body in set(zip(keys, bodies, strict=True)))
         shared = [b if self.share_bodies and models_per_body[b] > 1 else None for b in bodies]
-        pending = Counter(b for b in shared if b is not None)  # its embeddings go after the last
-        self._embedded.clear()
         models: list[Arrays | None] = list(held)
         del held
+        # what is kept until its last client is scored: predictions by model, embeddings by body
+        left_of_model = Counter(keys)
+        left_of_body = Counter(b for b in shared if b is not None)
+        self._embedded.clear()
+        predictions: dict[tuple, dict[Spec, np.ndarray]] = {}  # model -> spec -> labels
+        # the global model is often one of the client models (FedAvg's): predicted once
+        global_key = _fingerprint(global_model) if global_model is not None else None
+        global_pred: np.ndarray | None = None
         test_pred = np.full(len(self.test.y), -1, dtype=np.int64)
         val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
-        done: dict[tuple, tuple[np.ndarray, np.ndarray, float, float]] = {}
-        for i in range(n):
-            weights, models[i] = models[i], None
-            assert weights is not None
-            key, body = keys[i], shared[i]
-            lo, hi = self.test.bounds[i]
-            vlo, vhi = self.val.bounds[i]
-            whole = self.generalization and self.gen_index is None
-            if whole or counts[key] > 1:
-                if key not in done:
-                    if len(done) >= 4:
-                        done.clear()
-                    t = self._predict(weights, "test", body=body)
-                    # validation has no generalization score: the union only for a shared model
-                    v = (
-                        self._predict(weights, "val", body=body)
-                        if counts[key] > 1 and len(self.val.y)
-                        else None
-                    )
-                    on_sample = t if self.gen_index is None else t[self.gen_index]
-                    ga, gf = self._gen_scores(on_sample)
-                    done[key] = (t, v, ga, gf)
-                t, v, gen_acc[i], gen_f1[i] = done[key]
-                test_pred[lo:hi] = t[lo:hi]
-                if v is not None:
-                    val_pred[vlo:vhi] = v[vlo:vhi]
-                elif vhi > vlo:
-                    val_pred[vlo:vhi] = self._predict(weights, "val", vlo, vhi, body)
-            else:
-                test_pred[lo:hi] = self._predict(weights, "test", lo, hi, body)
-                if vhi > vlo:
-                    val_pred[vlo:vhi] = self._predict(weights, "val", vlo, vhi, body)
-                if self.gen_x is not None:  # a model of its own, scored on the sample
-                    pred = self._predict(weights, "gen", body=body)
-                    gen_acc[i], gen_f1[i] = self._gen_scores(pred)
-            if body is not None:
-                pending[body] -= 1
-                if not pending[body]:
-                    for split in ("test", "val", "gen"):
-                        self._embedded.pop((body, split), None)
+        chunk = n if predict_many is None else PREDICT_CHUNK
+        for first in range(0, n, chunk):
+            span = range(first, min(first + chunk, n))
+            if predict_many is not None:  # the chunk's new models without a shared body
+                jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
+                for i in span:
+                    if shared[i] is None and keys[i] not in predictions:
+                        weights = models[i]
+                        assert weights is not None
+                        jobs.setdefault(keys[i], (weights, self._needs(i, counts[keys[i]] > 1)))
+                done = predict_many(list(jobs.values())) if jobs else []
+                for key, preds in zip(jobs, done, strict=True):
+                    predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
+            for i in span:
+                key, body = keys[i], shared[i]
+                weights, models[i] = models[i], None
+                assert weights is not None
+                lo, hi = self.test.bounds[i]
+                vlo, vhi = self.val.bounds[i]
+                known = predictions.setdefault(key, {})
+                for spec in self._needs(i, counts[key] > 1):
+                    if spec not in known:
+                        known[spec] = self._predict(weights, *spec, body=body)
+                    pred = known[spec]
+                    split, b = spec[0], spec[2]
+                    if split == "test" and b is None:  # the union: this client's slice, and
+                        test_pred[lo:hi] = pred[lo:hi]  # generalization (on the sample)
+                        on_sample = pred if self.gen_index is None else pred[self.gen_index]
+                        gen_acc[i], gen_f1[i] = self._gen_scores(on_sample)
+                    elif split == "test":
+                        test_pred[lo:hi] = pred
+                    elif split == "val":
+                        val_pred[vlo:vhi] = pred if b is not None else pred[vlo:vhi]
+                    else:  # a model of its own, scored on the generalization sample
+                        gen_acc[i], gen_f1[i] = self._gen_scores(pred)
+                left_of_model[key] -= 1
+                if not left_of_model[key]:
+                    if key == global_key:
+                        global_pred = known.get(("test", 0, None))
+                    del predictions[key]
+                if body is not None:
+                    left_of_body[body] -= 1
+                    if not left_of_body[body]:
+                        for split in ("test", "val", "gen"):
+                            self._embedded.pop((body, split), None)
         rule = self.f1_labels
         pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c, rule)
         val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c, rule)
@@ -363,9 +406,7 @@ class Evaluator:
             },
         }
         if global_model is not None:
-            # the global model is often one of the client models (FedAvg's): predict once
-            known = done.get(_fingerprint(global_model))
-            pred = known[0] if known is not None else self._predict(global_model, "test")
+            pred = global_pred if global_pred is not None else self._predict(global_model, "test")
             _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c, rule)
             result["global"] = {
                 "acc": _acc(self.test.y, pred),
