@@ -15,10 +15,11 @@ models that share their body (FedRep, FedPer, FedBABU: the server's body with ea
 head) share its embeddings: the body runs once per split and only the heads run per model.
 
 Generalization costs (distinct client models) x (union size) predictions a round, and both
-grow with the number of clients; `eval.generalization_samples` scores it on a fixed
-class-stratified sample of the union instead (drawn once from the run's seed), by default of
-at most `GENERALIZATION_CAP` samples. Personalization and the global score always use the
-whole splits.
+grow with the number of clients (for models that share a body: one body pass over the union
+plus a head pass per model; the runtime spreads the rest over its worker processes).
+`eval.generalization_samples` scores it on a fixed class-stratified sample of the union
+instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
+Personalization and the global score always use the whole splits.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -331,7 +332,8 @@ class Evaluator:
         left_of_model = Counter(keys)
         left_of_body = Counter(b for b in shared if b is not None)
         self._embedded.clear()
-        predictions: dict[tuple, dict[Spec, np.ndarray]] = {}  # model -> spec -> labels
+        # model -> spec -> its labels (and ("gen_scores",) -> the model's generalization scores)
+        predictions: dict[tuple, dict[tuple, Any]] = {}
         # the global model is often one of the client models (FedAvg's): predicted once
         global_key = _fingerprint(global_model) if global_model is not None else None
         global_pred: np.ndarray | None = None
@@ -365,8 +367,10 @@ class Evaluator:
                     split, b = spec[0], spec[2]
                     if split == "test" and b is None:  # the union: this client's slice, and
                         test_pred[lo:hi] = pred[lo:hi]  # generalization (on the sample)
-                        on_sample = pred if self.gen_index is None else pred[self.gen_index]
-                        gen_acc[i], gen_f1[i] = self._gen_scores(on_sample)
+                        if ("gen_scores",) not in known:  # once per model, as its labels
+                            on_sample = pred if self.gen_index is None else pred[self.gen_index]
+                            known[("gen_scores",)] = self._gen_scores(on_sample)
+                        gen_acc[i], gen_f1[i] = known[("gen_scores",)]
                     elif split == "test":
                         test_pred[lo:hi] = pred
                     elif split == "val":
