@@ -18,6 +18,7 @@ of 1 would be training at the speed of a large matmul; small models and batches 
 from it, and that distance is what a faster engine could still win.
 
 Usage: python benchmarks/round_costs.py [--rounds 3] [--data-dir ../shared/data] [--only fedavg,...]
+       [--out benchmarks/out/round_costs.json]
 Writes benchmarks/out/round_costs.json and prints a Markdown table.
 """
 
@@ -43,8 +44,8 @@ UCI = ROOT / "configs" / "uci_har_natural.yaml"
 FEDALI = ROOT / "configs" / "fedali_uci_har_natural.yaml"
 FEDDPA = ROOT / "configs" / "feddpa_cifar10_dirichlet0.3.yaml"
 
-RECIPES: dict[str, tuple[Path, dict, int]] = {
-    # name: (config, overrides, models trained per sample)
+RECIPES: dict[str, tuple[Path, dict, int | None]] = {
+    # name: (config, overrides, models trained per sample; None: no single count, no floor)
     "fedavg": (UCI, {"algorithm.name": "fedavg"}, 1),
     "ditto": (UCI, {"algorithm.name": "ditto"}, 2),
     "fedproto": (UCI, {"algorithm.name": "fedproto"}, 1),
@@ -52,6 +53,11 @@ RECIPES: dict[str, tuple[Path, dict, int]] = {
     "fedali": (FEDALI, {"train.local_epochs": 1}, 1),
     # FedDPA's setting: 100 CIFAR-10 clients, 10 % a round, 5 local epochs, scored every 5th
     "feddpa_cifar10": (FEDDPA, {}, 1),
+    # the same 100 clients with personalized models and protofed's default protocol (the
+    # FedDPA config turns generalization off): FedRep's clients share the body (10 head
+    # epochs, body frozen, then the body's epochs), Ditto's models are whole
+    "fedrep_cifar10": (FEDDPA, {"algorithm.name": "fedrep", "eval.generalization": True}, None),
+    "ditto_cifar10": (FEDDPA, {"algorithm.name": "ditto", "eval.generalization": True}, 2),
 }
 
 
@@ -109,7 +115,7 @@ def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
         key: statistics.median(r["time"][key] for r in later)
         for key in ("train_s", "aggregate_s", "eval_s")
     }
-    round_flops = per_sample * samples * passes
+    round_flops = per_sample * samples * passes if passes else float("nan")
     peak = peak_flops() * workers
     return {
         "algorithm": name,
@@ -118,6 +124,7 @@ def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
         "local_epochs": cfg.train.local_epochs,
         "rounds": rounds,
         **split,
+        "eval_share": split["eval_s"] / sum(split.values()),
         "round_s": sum(split.values()),
         "rounds_per_hour": 3600
         / (split["train_s"] + split["aggregate_s"] + split["eval_s"] / every),
@@ -132,15 +139,15 @@ def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| recipe | model | train s | aggregate s | eval s | round s | rounds/h | GFLOP/round"
-        " | x floor |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | x floor | eval share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['algorithm']} | {r['model']} | {r['train_s']:.2f} | {r['aggregate_s']:.2f} | "
             f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {r['rounds_per_hour']:.0f} | "
             f"{r['gflop_per_round']:.1f} | "
-            f"{r['train_over_floor']:.1f} |"
+            f"{r['train_over_floor']:.1f} | {100 * r['eval_share']:.0f} % |"
         )
     return "\n".join(lines)
 
@@ -151,6 +158,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default=",".join(RECIPES))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "round_costs.json"))
     args = parser.parse_args()
     rows = [
         measure(name, args.rounds, args.data_dir, args.workers) for name in args.only.split(",")
@@ -160,7 +168,7 @@ def main() -> None:
         "workers": args.workers,
         "rows": rows,
     }
-    out = ROOT / "benchmarks" / "out" / "round_costs.json"
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(table(rows))
