@@ -125,7 +125,7 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
     copy = {k: v.clone() for k, v in shared.items()}
     evaluator = Evaluator(fed, model)
     calls = []
-    evaluator._predict = _counting(evaluator, calls)
+    evaluator.predict_on = _counting(evaluator, calls)
     once = evaluator.evaluate(lambda i: shared, shared)
     assert calls == [len(evaluator.test.y), len(evaluator.val.y)]  # test and val, once each
     twice = evaluator.evaluate(lambda i: shared, copy)  # an equal model in other tensors
@@ -135,8 +135,8 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
 
 
 def _counting(evaluator, calls: list[int]):
-    """`evaluator._predict`, recording how many inputs each call predicts."""
-    predict = evaluator._predict
+    """`evaluator.predict_on`, recording how many inputs each call predicts."""
+    predict = evaluator.predict_on
 
     def spy(weights, split, lo=0, hi=None, body=None):
         calls.append(len(evaluator._inputs(split)[lo:hi]))
@@ -259,8 +259,8 @@ def test_personalized_models_predict_the_validation_union_never(digits_clients):
         models.append({k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()})
     evaluator = Evaluator(fed, model)
     calls = []
-    predict = evaluator._predict
-    evaluator._predict = _counting(evaluator, calls)
+    predict = evaluator.predict_on
+    evaluator.predict_on = _counting(evaluator, calls)
     scores = evaluator.evaluate(lambda i: models[i], None)
     own_val = [hi - lo for lo, hi in evaluator.val.bounds]
     assert calls == [c for i in range(n) for c in (len(evaluator.test.y), own_val[i])]

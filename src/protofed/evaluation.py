@@ -252,7 +252,7 @@ class Evaluator:
         assert x is not None
         return x
 
-    def _predict(
+    def predict_on(
         self,
         weights: Arrays,
         split: str,
@@ -310,7 +310,7 @@ class Evaluator:
         Each distinct model predicts once what its clients need (`_needs`). `predict_many`
         (the runtime's worker processes) predicts a chunk of distinct models at a time:
         `predict_many([(weights, specs), ...])` gives each one's predictions, in order, as
-        `self._predict(weights, *spec)` would. Models that share a body stay here, where its
+        `self.predict_on(weights, *spec)` would. Models that share a body stay here, where its
         embeddings are.
         """
         n, c = len(self.fed.clients), self.fed.num_classes
@@ -362,7 +362,7 @@ class Evaluator:
                 known = predictions.setdefault(key, {})
                 for spec in self._needs(i, counts[key] > 1):
                     if spec not in known:
-                        known[spec] = self._predict(weights, *spec, body=body)
+                        known[spec] = self.predict_on(weights, *spec, body=body)
                     pred = known[spec]
                     split, b = spec[0], spec[2]
                     if split == "test" and b is None:  # the union: this client's slice, and
@@ -410,7 +410,7 @@ class Evaluator:
             },
         }
         if global_model is not None:
-            pred = global_pred if global_pred is not None else self._predict(global_model, "test")
+            pred = global_pred if global_pred is not None else self.predict_on(global_model, "test")
             _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c, rule)
             result["global"] = {
                 "acc": _acc(self.test.y, pred),

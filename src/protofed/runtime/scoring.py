@@ -52,7 +52,7 @@ def _predict_in_worker(
         _WORKER_EVALUATOR = (id(prepared), build_evaluator(prepared))
     evaluator = _WORKER_EVALUATOR[1]
     model = {k: torch.from_numpy(v) for k, v in weights.items()}
-    return [evaluator._predict(model, *spec) for spec in specs]
+    return [evaluator.predict_on(model, *spec) for spec in specs]
 
 
 def predict_in(pool: WorkerPool) -> PredictMany:
