@@ -16,7 +16,7 @@ head) share its embeddings: the body runs once per split and only the heads run 
 
 Generalization costs (distinct client models) x (union size) predictions a round, and both
 grow with the number of clients (for models that share a body: one body pass over the union
-plus a head pass per model; the runtime spreads the rest over its worker processes).
+plus a head pass per model).
 `eval.generalization_samples` scores it on a fixed class-stratified sample of the union
 instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
 Personalization and the global score always use the whole splits.
