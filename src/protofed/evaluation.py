@@ -308,7 +308,7 @@ class Evaluator:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
         Each distinct model predicts once what its clients need (`_needs`). `predict_many`
-        (the runtime's worker processes) predicts a chunk of distinct models at a time:
+        (e.g. a pool of processes) predicts a chunk of distinct models at a time:
         `predict_many([(weights, specs), ...])` gives each one's predictions, in order, as
         `self.predict_on(weights, *spec)` would. Models that share a body stay here, where its
         embeddings are.
