@@ -25,7 +25,7 @@ Personalization and the global score always use the whole splits.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,12 +44,6 @@ from protofed.training.loop import predict
 Spec = tuple[str, int, int | None]
 """What a model predicts: a split ("test", "val" or "gen", the generalization sample) and the
 range [lo:hi] of its samples (hi None: to the end)."""
-
-PredictMany = Callable[[list[tuple[Arrays, list[Spec]]]], Iterable[list[np.ndarray]]]
-"""Predictions of several models, each on its specs (`Evaluator.evaluate`)."""
-
-PREDICT_CHUNK = 32
-"""Distinct models handed to `predict_many` at a time: the weights in flight stay bounded."""
 
 F1Labels = Literal["true", "union"]
 """Which classes macro-F1 averages over: those in y_true, or those in y_true or y_pred."""
@@ -299,25 +293,17 @@ class Evaluator:
             specs.append(("gen", 0, None))
         return specs
 
-    def evaluate(
-        self,
-        client_model: Callable[[int], Arrays],
-        global_model: Arrays | None,
-        predict_many: PredictMany | None = None,
-    ) -> dict:
+    def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
-        Each distinct model predicts once what its clients need (`_needs`). `predict_many`
-        (e.g. a pool of processes) predicts a chunk of distinct models at a time:
-        `predict_many([(weights, specs), ...])` gives each one's predictions, in order, as
-        `self.predict_on(weights, *spec)` would. Models that share a body stay here, where its
-        embeddings are.
+        Each distinct model predicts once what its clients need (`_needs`); models that share
+        a body run it once per split (`predict_on`).
         """
         n, c = len(self.fed.clients), self.fed.num_classes
         # which clients share a model: every client's weights are held while fingerprinting
         # (no extra memory where they live elsewhere, as FedAvg's global model or Local's
         # states; a model built on the fly, as FedALA's aggregate, cannot reuse the address of
-        # another client's freed one and pass for it), then released chunk by chunk
+        # another client's freed one and pass for it), then released one by one
         held = [client_model(i) for i in range(n)]
         keys = [_fingerprint(m) for m in held]
         counts = Counter(keys)
@@ -340,53 +326,40 @@ class Evaluator:
         test_pred = np.full(len(self.test.y), -1, dtype=np.int64)
         val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
-        chunk = n if predict_many is None else PREDICT_CHUNK
-        for first in range(0, n, chunk):
-            span = range(first, min(first + chunk, n))
-            if predict_many is not None:  # the chunk's new models without a shared body
-                jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
-                for i in span:
-                    if shared[i] is None and keys[i] not in predictions:
-                        weights = models[i]
-                        assert weights is not None
-                        jobs.setdefault(keys[i], (weights, self._needs(i, counts[keys[i]] > 1)))
-                done = predict_many(list(jobs.values())) if jobs else []
-                for key, preds in zip(jobs, done, strict=True):
-                    predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
-            for i in span:
-                key, body = keys[i], shared[i]
-                weights, models[i] = models[i], None
-                assert weights is not None
-                lo, hi = self.test.bounds[i]
-                vlo, vhi = self.val.bounds[i]
-                known = predictions.setdefault(key, {})
-                for spec in self._needs(i, counts[key] > 1):
-                    if spec not in known:
-                        known[spec] = self.predict_on(weights, *spec, body=body)
-                    pred = known[spec]
-                    split, b = spec[0], spec[2]
-                    if split == "test" and b is None:  # the union: this client's slice, and
-                        test_pred[lo:hi] = pred[lo:hi]  # generalization (on the sample)
-                        if ("gen_scores",) not in known:  # once per model, as its labels
-                            on_sample = pred if self.gen_index is None else pred[self.gen_index]
-                            known[("gen_scores",)] = self._gen_scores(on_sample)
-                        gen_acc[i], gen_f1[i] = known[("gen_scores",)]
-                    elif split == "test":
-                        test_pred[lo:hi] = pred
-                    elif split == "val":
-                        val_pred[vlo:vhi] = pred if b is not None else pred[vlo:vhi]
-                    else:  # a model of its own, scored on the generalization sample
-                        gen_acc[i], gen_f1[i] = self._gen_scores(pred)
-                left_of_model[key] -= 1
-                if not left_of_model[key]:
-                    if key == global_key:
-                        global_pred = known.get(("test", 0, None))
-                    del predictions[key]
-                if body is not None:
-                    left_of_body[body] -= 1
-                    if not left_of_body[body]:
-                        for split in ("test", "val", "gen"):
-                            self._embedded.pop((body, split), None)
+        for i in range(n):
+            key, body = keys[i], shared[i]
+            weights, models[i] = models[i], None
+            assert weights is not None
+            lo, hi = self.test.bounds[i]
+            vlo, vhi = self.val.bounds[i]
+            known = predictions.setdefault(key, {})
+            for spec in self._needs(i, counts[key] > 1):
+                if spec not in known:
+                    known[spec] = self.predict_on(weights, *spec, body=body)
+                pred = known[spec]
+                split, b = spec[0], spec[2]
+                if split == "test" and b is None:  # the union: this client's slice, and
+                    test_pred[lo:hi] = pred[lo:hi]  # generalization (on the sample)
+                    if ("gen_scores",) not in known:  # once per model, as its labels
+                        on_sample = pred if self.gen_index is None else pred[self.gen_index]
+                        known[("gen_scores",)] = self._gen_scores(on_sample)
+                    gen_acc[i], gen_f1[i] = known[("gen_scores",)]
+                elif split == "test":
+                    test_pred[lo:hi] = pred
+                elif split == "val":
+                    val_pred[vlo:vhi] = pred if b is not None else pred[vlo:vhi]
+                else:  # a model of its own, scored on the generalization sample
+                    gen_acc[i], gen_f1[i] = self._gen_scores(pred)
+            left_of_model[key] -= 1
+            if not left_of_model[key]:
+                if key == global_key:
+                    global_pred = known.get(("test", 0, None))
+                del predictions[key]
+            if body is not None:
+                left_of_body[body] -= 1
+                if not left_of_body[body]:
+                    for split in ("test", "val", "gen"):
+                        self._embedded.pop((body, split), None)
         rule = self.f1_labels
         pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c, rule)
         val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c, rule)
