@@ -174,6 +174,34 @@ def test_a_folder_made_from_another_spec_is_refused(whole: Path, tmp_path: Path)
     assert "fedavg_s2  [start] algorithm.name=fedavg seed=2" in result.stdout
 
 
+def test_a_folder_from_before_a_new_config_key_still_resumes(whole: Path, tmp_path: Path) -> None:
+    """A newer protofed adds config keys (eval.stacked_models, say): the record's digests of
+    an unchanged spec then differ, but each run's config as written, read by this version,
+    is the same experiment, so the folder is accepted; a real change is still refused."""
+    import shutil
+
+    from protofed.sweep import config_digest
+
+    out = tmp_path / "out"
+    shutil.copytree(whole, out)
+    record = yaml.safe_load((out / "sweep.yaml").read_text())
+    for name in NAMES:  # as an older protofed, without the key, wrote them
+        written = yaml.safe_load((out / f"{name}.yaml").read_text())
+        del written["eval"]["stacked_models"]
+        (out / f"{name}.yaml").write_text(yaml.safe_dump(written))
+        record["runs"][name]["config_sha256"] = config_digest(written)
+    (out / "sweep.yaml").write_text(yaml.safe_dump(record))
+    spec = str(_spec(tmp_path / "spec.yaml"))
+    result = runner.invoke(app, ["sweep", spec, "--out", str(out), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "4 runs (4 skip)" in result.stdout
+    written = yaml.safe_load((out / "local_s1.yaml").read_text())
+    written["train"]["lr"] = 0.5  # this run was made with another learning rate
+    (out / "local_s1.yaml").write_text(yaml.safe_dump(written))
+    result = runner.invoke(app, ["sweep", spec, "--out", str(out), "--dry-run"])
+    assert "different sweep spec (changed: local_s1)" in _one_line_error(result)
+
+
 def test_dry_run_lists_the_runs_and_their_differences(tmp_path: Path) -> None:
     spec = _spec(tmp_path / "spec.yaml")
     out = tmp_path / "out"

@@ -395,6 +395,20 @@ def _record(spec: SweepSpec, runs: list[SweepRun]) -> dict[str, Any]:
     }
 
 
+def _same_as_written(out: Path, name: str, digest: str) -> bool:
+    """Whether a run whose recorded digest differs is still the same experiment: a newer
+    protofed adds config keys, so the digest of an unchanged spec moves. The run's config as
+    the sweep wrote it (RUN.yaml), read by this version (added keys take their defaults),
+    decides; a run the folder holds nothing of cannot mix two specs."""
+    written = out / f"{name}.yaml"
+    if not written.is_file():
+        return not (out / name).exists()
+    try:
+        return config_digest(build_config(yaml.safe_load(written.read_text()))) == digest
+    except (ConfigError, OSError, yaml.YAMLError, TypeError):
+        return False
+
+
 def check_folder(out: Path, spec: SweepSpec, runs: list[SweepRun], force: bool) -> None:
     """Refuse a folder made from another spec, or one that is not a sweep's, unless `force`."""
     if out.exists() and not out.is_dir():
@@ -417,7 +431,13 @@ def check_folder(out: Path, spec: SweepSpec, runs: list[SweepRun], force: bool) 
         return
     added = sorted(set(new_runs) - set(old_runs))
     removed = sorted(set(old_runs) - set(new_runs))
-    changed = sorted(k for k in set(new_runs) & set(old_runs) if new_runs[k] != old_runs[k])
+    changed = sorted(
+        k
+        for k in set(new_runs) & set(old_runs)
+        if new_runs[k] != old_runs[k] and not _same_as_written(out, k, new_runs[k])
+    )
+    if not (changed or added or removed):
+        return
     what = [
         f"{word}: {', '.join(x[:3])}{', ...' if len(x) > 3 else ''}"
         for x, word in ((changed, "changed"), (added, "added"), (removed, "removed"))
