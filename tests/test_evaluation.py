@@ -332,3 +332,79 @@ def test_a_batch_dependent_model_never_shares_embeddings():
 
     assert hart("batch").batch_dependent and not hart("sample").batch_dependent
     assert not build_model(ModelConfig(name="hart"), (3, 128), 6).batch_dependent
+
+
+def _digits_federation(shape: tuple[int, ...], clients: int = 5, size: int = 120):
+    """scikit-learn's real digits in `clients` slices, reshaped (and for images upsampled to
+    16 x 16) to `shape`, split 70/10/20."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    from protofed.data.federated import ClientData, FederatedData
+
+    X, y = load_digits(return_X_y=True)
+    x = torch.tensor(X / 16.0, dtype=torch.float32).reshape(-1, 8, 8)
+    if len(shape) == 3:
+        x = x.repeat_interleave(2, 1).repeat_interleave(2, 2).unsqueeze(1)
+    x = x.reshape(len(x), *shape)
+    t = torch.tensor(y, dtype=torch.long)
+    out = []
+    for i in range(clients):
+        xs, ys = x[i * size : (i + 1) * size], t[i * size : (i + 1) * size]
+        a, b = int(0.7 * size), int(0.8 * size)
+        out.append(ClientData(f"c{i}", None, xs[:a], ys[:a], xs[a:b], ys[a:b], xs[b:], ys[b:]))
+    return FederatedData(
+        "digits", 10, [str(i) for i in range(10)], shape, "tabular", out, np.zeros((2, 10))
+    )
+
+
+_SHAPES = {"any": (64,), "image": (1, 16, 16), "sensor": (2, 32)}
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # HART's attention on CPU
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn", "pflcnn", "cnnbn", "cnn1d", "cnn1dbn", "harcnn", "resnet18", "hart"]
+)
+def test_stacked_models_predict_as_each_model_alone(name):
+    """Distinct client models predicting together in one vmapped pass (eval.stacked_models)
+    give every score that predicting one model at a time gives; the global model and a pair
+    of clients sharing a model are among them."""
+    import torch
+
+    from protofed.config import ModelConfig
+    from protofed.evaluation import Evaluator
+    from protofed.models import MODELS, build_model
+
+    fed = _digits_federation(_SHAPES[MODELS[name].inputs], size=40 if name == "resnet18" else 120)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name=name), fed.input_shape, 10)
+    generator = torch.Generator().manual_seed(1)
+    base = model.state_dict()
+    models = [
+        {
+            k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+            for k, v in base.items()
+        }
+        for _ in range(4)
+    ]
+    models.append(models[1])  # clients 1 and 4 share a model
+    one = Evaluator(fed, model, stacked_models=1).evaluate(models.__getitem__, models[2])
+    stacked = Evaluator(fed, model, stacked_models=3)
+    assert stacked.stacked_models == 3
+    calls: list[int] = []
+    predict = stacked.predict_stacked
+    stacked.predict_stacked = lambda ms, split: calls.append(len(ms)) or predict(ms, split)
+    assert stacked.evaluate(models.__getitem__, models[2]) == one
+    assert calls and max(calls) == 3 and sum(calls) >= 4  # 4 distinct models on the union
+
+
+def test_stacking_is_off_on_the_cpu_by_default_and_for_batch_dependent_models():
+    from protofed.config import ModelConfig
+    from protofed.evaluation import Evaluator
+    from protofed.models import build_model
+
+    fed = _digits_federation((2, 32))
+    assert Evaluator(fed, build_model(ModelConfig(name="cnn1d"), (2, 32), 10)).stacked_models == 1
+    alp = {"enabled": True, "prototypes": [4] * 6, "inference": "batch"}
+    hart = build_model(ModelConfig(name="hart", alp=alp), (2, 32), 10)
+    assert Evaluator(fed, hart, stacked_models=8).stacked_models == 1

@@ -23,6 +23,7 @@ EXECUTION_KEYS = (
     "train.threads",
     "eval.keep_prototypes_every",
     "eval.trained_memory_mb",
+    "eval.stacked_models",
 )
 """Config keys that say where the data lie, how fast to run, what is kept for figures and how
 much memory may be spent, not what is computed."""

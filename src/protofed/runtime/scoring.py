@@ -33,6 +33,7 @@ def build_evaluator(prepared: Prepared, fed: FederatedData | None = None) -> Eva
         generalization_samples=e.generalization_samples,
         seed=cfg.seed,
         f1_labels=e.f1_labels,
+        stacked_models=e.stacked_models,
     )
 
 
