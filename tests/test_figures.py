@@ -222,3 +222,58 @@ def test_a_negative_keep_prototypes_every_is_one_line_exit_2(tmp_path):
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and "eval.keep_prototypes_every" in text, text
     assert len(text.splitlines()) == 1 and not out.exists()
+
+
+def test_nearest_own_agreement_counts_the_others_whose_nearest_own_point_shares_the_class():
+    from protofed.plots.embed import nearest_own_agreement
+
+    points = np.array([[0.0], [10.0], [1.0], [9.0], [4.0]])
+    labels = np.array([0, 1, 0, 0, 1])
+    own = np.array([True, True, False, False, False])
+    # 1.0 -> own 0.0 (class 0: agrees); 9.0 -> own 10.0 (class 1: not); 4.0 -> 0.0 (not)
+    assert nearest_own_agreement(points, labels, own) == pytest.approx(1 / 3)
+    assert np.isnan(nearest_own_agreement(points, labels, np.ones(5, bool)))
+
+
+def test_activities_and_channels_mean_the_same_across_har_sets():
+    from protofed.data.harmonize import canonical_activity, canonical_channel
+
+    assert {canonical_activity(a) for a in ("WALKING_UPSTAIRS", "upstairs", "stairs_up")} == {
+        "stairs_up"
+    }
+    assert canonical_activity("LAYING") == "lie" and canonical_activity("bike") == "bike"
+    assert canonical_channel("total_acc_x") == "acc_x" and canonical_channel("body_acc_x") == (
+        "body_acc_x"
+    )
+
+
+def test_embed_other_data_draws_one_user_of_another_har_set(tmp_path, shared_data):
+    """FedAli's Fig. 4: an HHAR client's model embeds its own test windows and one UCI-HAR
+    user's windows (the activities both sets have, labelled as the run's classes)."""
+    from protofed.config import DataConfig
+    from protofed.data import load_dataset
+    from protofed.data.harmonize import canonical_activity
+    from protofed.plots.embed import other_data_windows
+
+    out = tmp_path / "hhar"
+    small = ["data.name=hhar", "model.name=cnn1d", "train.rounds=1", "train.threads=1"]
+    data = ["--data-dir", str(shared_data)]
+    result = runner.invoke(app, ["run", "-q", "--out", str(out), *_sets(small), *data])
+    assert result.exit_code == 0, result.output
+    run = Run(out)
+    fed = federation(run, shared_data)
+    x, y, user = other_data_windows(run, fed, "uci_har", 80, shared_data)
+    uci = load_dataset(DataConfig(name="uci_har", channels="all", dir=str(shared_data)))
+    assert x.shape == (80, 3, 128) and x.dtype == np.float32
+    shared = {canonical_activity(c) for c in uci.class_names}
+    assert {fed.class_names[k] for k in y} <= {c for c in fed.class_names if c in shared}
+    assert "bike" not in {fed.class_names[k] for k in y}  # HHAR's only, never UCI-HAR's
+    assert user in {str(g) for g in uci.group_names}
+    fig = embedding_figure(out, 0, max_points=80, data_dir=shared_data, other_data="uci_har")
+    other, own = (np.asarray(c.get_offsets()) for c in fig.axes[0].collections)
+    assert len(other) == 80 and len(own) == min(80, len(fed.clients[0].test_y))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[:2] == ["own data", f"uci_har ({user})"]
+    result = runner.invoke(app, ["embed", str(out), "--other-data", "hhar", *data])
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--other-data" in text, text

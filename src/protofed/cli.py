@@ -630,6 +630,14 @@ def embed(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
     client: Annotated[int, typer.Option("--client", help="Whose personalized model.")] = 0,
     other: Annotated[int, typer.Option("--other", help="How many other clients' data.")] = 3,
+    other_data: Annotated[
+        str | None,
+        typer.Option(
+            "--other-data",
+            help="Instead of other clients: one user's windows of this other HAR data set "
+            "(FedAli's Fig. 4).",
+        ),
+    ] = None,
     prototypes: Annotated[
         bool,
         typer.Option("--prototypes", help="t-SNE of the prototypes the run kept, instead."),
@@ -642,8 +650,8 @@ def embed(
     ] = None,
     data_dir: DataDir = None,
 ) -> None:
-    """t-SNE of a client's personalized embeddings of its own and other clients' test data,
-    or (--prototypes) of the class prototypes kept across rounds (docs/figures.md)."""
+    """t-SNE of a client's personalized embeddings of its own and other clients' test data
+    (or another HAR data set's windows), or (--prototypes) of the class prototypes kept across rounds (docs/figures.md)."""
     with user_errors():
         from protofed.api import Run
         from protofed.plots import save_figure
@@ -653,7 +661,7 @@ def embed(
         if prototypes:
             fig, default = prototype_figure(run_), "embed_prototypes"
         else:
-            fig = embedding_figure(run_, client, other, data_dir=data_dir)
+            fig = embedding_figure(run_, client, other, data_dir=data_dir, other_data=other_data)
             default = f"embed_client{client}"
         paths = save_figure(fig, out if out is not None else Path(default))
     console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)

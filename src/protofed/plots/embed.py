@@ -1,8 +1,8 @@
 """`protofed embed RUN`: t-SNE maps of what a run learned.
 
 - `embedding_figure`: client K's personalized model embeds (its features before the head)
-  its own test data and N other clients' test data; a personalized model that separates its
-  own classes and not the others' is what FedAli's Figs. 4-5 show.
+  its own test data and N other clients' test data, or one user's windows of another HAR data
+  set (`--other-data`, FedAli's Fig. 4: do the same activities of two data sets meet?).
 - `prototype_figure`: the class prototypes a run kept (`eval.keep_prototypes_every`),
   global and per client, across rounds (FedDPA's Figs. 7-11): do classes separate, do the
   clients' prototypes gather around the global ones as rounds pass.
@@ -93,15 +93,76 @@ def _class_colours(num_classes: int) -> list:
     return [cmap(k % cmap.N) for k in range(num_classes)]
 
 
+def nearest_own_agreement(points: np.ndarray, labels: np.ndarray, own: np.ndarray) -> float:
+    """The share of the others' points whose nearest own point (Euclidean, in the embedding
+    space, not the t-SNE map) has their class: how far the model maps the same activity of
+    another user or data set where it maps its own (FedAli's Fig. 4 as a number); NaN
+    without points on either side."""
+    from sklearn.neighbors import NearestNeighbors
+
+    if own.all() or not own.any():
+        return float("nan")
+    index = NearestNeighbors(n_neighbors=1).fit(points[own])
+    nearest = index.kneighbors(points[~own], return_distance=False)[:, 0]
+    return float(np.mean(labels[own][nearest] == labels[~own]))
+
+
+def other_data_windows(
+    run: Run, fed: FederatedData, name: str, max_points: int, data_dir: str | Path | None
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """One user's windows of another HAR data set `name`, as the run's model reads its own
+    (`protofed.data.harmonize`: channels by meaning, z-scored, resampled), labelled with the
+    run's class indices, only the activities both sets have; and the user's name. The user
+    and the subsample are drawn from the run's seed."""
+    from protofed.config import DataConfig
+    from protofed.data import load_dataset
+    from protofed.data.harmonize import (
+        canonical_activity,
+        channels_of,
+        harmonized_windows,
+        missing_channels,
+    )
+
+    cfg = resolve_config(
+        run.dir.config(), **({} if data_dir is None else {"data.dir": str(data_dir)})
+    )
+    if name == cfg.data.name:
+        raise ConfigError(f"--other-data {name} is the run's own data set: use --other instead")
+    target = load_dataset(cfg.data)
+    if target.kind != "sensor" or target.X.ndim != 3:
+        raise ConfigError(f"--other-data: the run's data set {cfg.data.name} is not sensor windows")
+    other = load_dataset(DataConfig(name=name, channels="all", dir=cfg.data.dir))
+    if other.kind != "sensor" or other.X.ndim != 3:
+        raise ConfigError(f"--other-data: {name} is not a set of sensor windows")
+    want = channels_of(target)
+    missing = missing_channels(other, want)
+    if missing:
+        raise ConfigError(f"--other-data: {name} has no {', '.join(missing)} channel")
+    ours = {canonical_activity(c): k for k, c in enumerate(fed.class_names)}
+    label = np.array([ours.get(canonical_activity(c), -1) for c in other.class_names])
+    mapped = label[other.y]
+    if not (mapped >= 0).any():
+        raise ConfigError(f"--other-data: {name} shares no activity with {cfg.data.name}")
+    users = np.unique(other.groups[mapped >= 0])
+    user = int(_rng(run.config.seed, 2).choice(users))
+    rows = np.flatnonzero((other.groups == user) & (mapped >= 0))
+    rows = np.sort(_rng(run.config.seed, 3).permutation(rows)[:max_points])
+    x = harmonized_windows(other, want, target.X.shape[-1])[rows]
+    return x, mapped[rows], str(other.group_names[user])
+
+
 def embedding_figure(
     run: Run | str | Path,
     client: int,
     others: int = 3,
     max_points: int = 300,
     data_dir: str | Path | None = None,
+    other_data: str | None = None,
 ) -> Figure:
-    """t-SNE of client `client`'s personalized embeddings of its own and `others` other
-    clients' test data: colour = class, filled circle = own data, cross = another client's."""
+    """t-SNE of client `client`'s personalized embeddings of its own test data and of
+    `others` other clients' test data, or (`other_data`, FedAli's Fig. 4) of one user's
+    windows of another HAR data set: colour = class, filled circle = own data, cross = the
+    others'."""
     import torch
     from matplotlib.lines import Line2D
 
@@ -113,18 +174,28 @@ def embedding_figure(
     fed = federation(run, data_dir)
     if others < 0:
         raise ConfigError(f"--other must be >= 0, got {others}")
-    chosen = other_clients(seed, client, len(fed.clients), others)
     device = next(model.parameters()).device
-    points, labels, own = [], [], []
-    for i in [client, *chosen]:
+    parts: list[tuple[torch.Tensor, np.ndarray, bool]] = []  # inputs, labels, own
+    for i in (
+        [client] if other_data else [client, *other_clients(seed, client, len(fed.clients), others)]
+    ):
         data = fed.clients[i]
         keep = np.sort(_rng(seed, 1, i).permutation(len(data.test_y))[:max_points])
-        x = data.test_x[torch.as_tensor(keep, dtype=torch.long)].to(device)
-        points.append(embed(model, x).cpu().numpy())
-        labels.append(data.test_y.numpy()[keep])
-        own.append(np.full(len(keep), i == client))
-    xy = tsne(np.concatenate(points), seed)
-    y, mine = np.concatenate(labels), np.concatenate(own)
+        x = data.test_x[torch.as_tensor(keep, dtype=torch.long)]
+        parts.append((x, data.test_y.numpy()[keep], i == client))
+    if other_data:
+        x, y, user = other_data_windows(run, fed, other_data, max_points, data_dir)
+        parts.append((torch.from_numpy(x), y, False))
+        others_said = f"{other_data} user {user}'s windows"
+        other_label = f"{other_data} ({user})"
+    else:
+        others_said = f"{len(parts) - 1} other clients'"
+        other_label = "other clients"
+    points = np.concatenate([embed(model, x.to(device)).cpu().numpy() for x, _, _ in parts])
+    xy = tsne(points, seed)
+    y = np.concatenate([labels for _, labels, _ in parts])
+    mine = np.concatenate([np.full(len(labels), own) for _, labels, own in parts])
+    agree = nearest_own_agreement(points, y, mine)
     colours = np.asarray(_class_colours(fed.num_classes))
 
     fig, ax = new_figure(7.2, 5.4)
@@ -137,13 +208,14 @@ def embedding_figure(
     name = fed.clients[client].name
     ax.set_title(
         f"{run.config.algorithm.name} on {fed.dataset}: {name}'s personalized embeddings\n"
-        f"of its own test data ({int(mine.sum())} points) and {len(chosen)} other clients' "
-        f"({int((~mine).sum())})",
+        f"of its own test data ({int(mine.sum())} points) and {others_said} "
+        f"({int((~mine).sum())});\nthe others' nearest own point is of their class for "
+        f"{100 * agree:.0f} %",
         fontsize=10,
     )
     handles = [
         Line2D([], [], marker="o", ls="", color="grey", markeredgecolor="black", label="own data"),
-        Line2D([], [], marker="x", ls="", color="grey", label="other clients"),
+        Line2D([], [], marker="x", ls="", color="grey", label=other_label),
     ]
     present = np.unique(y)
     if len(present) <= MAX_CLASSES_IN_LEGEND:

@@ -21,10 +21,9 @@ gives the objective and every setting settled here; in short:
   nn/alp.py. There is no server here: they align to their own local prototypes
   (`use_global=False`), which is the same plan and assignment as a global bank kept equal
   to the local one (Sinkhorn over [P; P] is the plan over P split in two halves).
-- Data (`pooled_windows`): every window of the other HAR sets, labels never used, the
-  target's channels picked by meaning (accelerometer / gyroscope axes), each set z-scored
-  per channel over its own windows, linearly resampled to the target's window length when
-  it differs.
+- Data (`pooled_windows`): every window of the other HAR sets, labels never used, made
+  comparable with the target's by `protofed.data.harmonize` (channels by meaning, each set
+  z-scored per channel over its own windows, resampled to the target's window length).
 
 The checkpoint is a flat dict of tensors named as in the model's state_dict (encoder
 weights and every ALP layer's local bank, no global banks, no beta/gamma), plus `__meta__`
@@ -52,6 +51,7 @@ from protofed.config import DataConfig, ExperimentConfig
 from protofed.core.files import atomic_write_bytes
 from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.data import load_dataset
+from protofed.data.harmonize import HAR_WINDOWS, channels_of, harmonized_windows, missing_channels
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.transformers import DIM, FRAME, HartBlock
@@ -60,21 +60,9 @@ from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL, alp_layers
 PRETRAIN = 1019
 """Seed stream of pre-training (decoder init, masks, batch order), apart from core.seeding's."""
 
-HAR_WINDOWS = ("uci_har", "wisdm", "hhar")
-"""The registered raw-window HAR sets; the default pool is these minus the target."""
-
 DECODER_KERNELS = (3, 7, 7, 15)  # the official HART_decoder's convolution kernels
 META = "__meta__"
 FORMAT = "protofed-pretrain-1"
-
-
-def canonical_channel(name: str) -> str:
-    """A channel's meaning across data sets: UCI-HAR's total (gravity-included) acceleration
-    is what WISDM's and HHAR's phone accelerometers record; its body_gyro is a gyroscope."""
-    for prefix, kind in (("total_acc_", "acc_"), ("body_gyro_", "gyro_")):
-        if name.startswith(prefix):
-            return kind + name[len(prefix) :]
-    return name
 
 
 def is_encoder_key(name: str) -> bool:
@@ -96,19 +84,12 @@ class Pool:
     notes: list[str] = field(default_factory=list)
 
 
-def _resample(x: np.ndarray, length: int) -> np.ndarray:
-    if x.shape[-1] == length:
-        return x
-    t = torch.from_numpy(x)
-    return F.interpolate(t, size=length, mode="linear", align_corners=False).numpy()
-
-
 def pooled_windows(cfg: ExperimentConfig) -> Pool:
     """The pre-training windows for the target `cfg.data` (see the module docstring)."""
     target = load_dataset(cfg.data)
     if target.kind != "sensor" or target.X.ndim != 3:
         raise ConfigError(f"pretrain: data.name={cfg.data.name} is not a set of sensor windows")
-    want = [canonical_channel(str(c)) for c in target.meta.get("channels", [])]
+    want = channels_of(target)
     length = target.X.shape[-1]
     names = cfg.pretrain.datasets or [n for n in HAR_WINDOWS if n != cfg.data.name]
     if cfg.data.name in names:
@@ -121,21 +102,18 @@ def pooled_windows(cfg: ExperimentConfig) -> Pool:
         ds = load_dataset(DataConfig(name=name, channels="all", dir=cfg.data.dir))
         if ds.kind != "sensor" or ds.X.ndim != 3:
             raise ConfigError(f"pretrain.datasets: '{name}' is not a set of sensor windows")
-        have = [canonical_channel(str(c)) for c in ds.meta.get("channels", [])]
-        missing = [c for c in want if c not in have]
+        missing = missing_channels(ds, want)
         if missing:
             notes.append(f"{name} skipped: no {', '.join(missing)}")
             continue
-        x = ds.X[:, [have.index(c) for c in want]].astype(np.float64)  # ds.y is never read
-        if cfg.pretrain.max_windows is not None and len(x) > cfg.pretrain.max_windows:
+        rows = None  # ds.y is never read
+        if cfg.pretrain.max_windows is not None and len(ds.X) > cfg.pretrain.max_windows:
             rng = np.random.default_rng(derive_seed(cfg.seed, PRETRAIN, 1, i))
-            x = x[np.sort(rng.choice(len(x), cfg.pretrain.max_windows, replace=False))]
-        std = x.std(axis=(0, 2), keepdims=True)
-        x = (x - x.mean(axis=(0, 2), keepdims=True)) / np.where(std > 0, std, 1.0)
-        if x.shape[-1] != length:
-            notes.append(f"{name}: windows of {x.shape[-1]} samples resampled to {length}")
-        xs.append(_resample(x.astype(np.float32), length))
-        counts[name] = len(x)
+            rows = np.sort(rng.choice(len(ds.X), cfg.pretrain.max_windows, replace=False))
+        if ds.X.shape[-1] != length:
+            notes.append(f"{name}: windows of {ds.X.shape[-1]} samples resampled to {length}")
+        xs.append(harmonized_windows(ds, want, length, rows))
+        counts[name] = len(xs[-1])
     if not xs:
         raise ConfigError(
             f"pretrain: no data set to pre-train on for {cfg.data.name}'s channels "
