@@ -274,6 +274,11 @@ def test_embed_other_data_draws_one_user_of_another_har_set(tmp_path, shared_dat
     assert len(other) == 80 and len(own) == min(80, len(fed.clients[0].test_y))
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels[:2] == ["own data", f"uci_har ({user})"]
+    prefix = str(tmp_path / "fig4")
+    result = runner.invoke(app, ["embed", str(out), "--other-data", "wisdm", "-o", prefix, *data])
+    assert result.exit_code == 0, result.output
+    assert "nearest own point of their class: " in result.output
+    assert (tmp_path / "fig4.png").stat().st_size > 1000
     result = runner.invoke(app, ["embed", str(out), "--other-data", "hhar", *data])
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--other-data" in text, text

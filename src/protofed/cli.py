@@ -655,16 +655,18 @@ def embed(
     with user_errors():
         from protofed.api import Run
         from protofed.plots import save_figure
-        from protofed.plots.embed import embedding_figure, prototype_figure
+        from protofed.plots.embed import draw_embedding, embedding_map, prototype_figure
 
         run_ = Run(run_dir)
+        said = ""
         if prototypes:
             fig, default = prototype_figure(run_), "embed_prototypes"
         else:
-            fig = embedding_figure(run_, client, other, data_dir=data_dir, other_data=other_data)
-            default = f"embed_client{client}"
+            m = embedding_map(run_, client, other, data_dir=data_dir, other_data=other_data)
+            fig, default = draw_embedding(m), f"embed_client{client}"
+            said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"
         paths = save_figure(fig, out if out is not None else Path(default))
-    console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)
+    console.print(f"wrote {' and '.join(map(str, paths))}{said}", highlight=False)
 
 
 data_app = typer.Typer(

@@ -13,6 +13,7 @@ run's seed, so the same run draws the same figure; ~1,200 points take a few seco
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,20 +152,31 @@ def other_data_windows(
     return x, mapped[rows], str(other.group_names[user])
 
 
-def embedding_figure(
+@dataclass
+class EmbeddingMap:
+    """A t-SNE map of a client model's embeddings, ready to draw (`draw_embedding`)."""
+
+    xy: np.ndarray  # (N, 2)
+    labels: np.ndarray  # class indices
+    own: np.ndarray  # True where the point is the client's own test data
+    class_names: list[str]
+    other_label: str  # what the other points are, for the legend
+    title: str
+    agreement: float  # nearest_own_agreement in the embedding space
+
+
+def embedding_map(
     run: Run | str | Path,
     client: int,
     others: int = 3,
     max_points: int = 300,
     data_dir: str | Path | None = None,
     other_data: str | None = None,
-) -> Figure:
-    """t-SNE of client `client`'s personalized embeddings of its own test data and of
-    `others` other clients' test data, or (`other_data`, FedAli's Fig. 4) of one user's
-    windows of another HAR data set: colour = class, filled circle = own data, cross = the
-    others'."""
+) -> EmbeddingMap:
+    """Client `client`'s personalized embeddings of its own test data and of `others` other
+    clients' test data, or (`other_data`, FedAli's Fig. 4) of one user's windows of another
+    HAR data set, mapped by t-SNE."""
     import torch
-    from matplotlib.lines import Line2D
 
     from protofed.prototypes import embed
 
@@ -176,9 +188,10 @@ def embedding_figure(
         raise ConfigError(f"--other must be >= 0, got {others}")
     device = next(model.parameters()).device
     parts: list[tuple[torch.Tensor, np.ndarray, bool]] = []  # inputs, labels, own
-    for i in (
+    clients = (
         [client] if other_data else [client, *other_clients(seed, client, len(fed.clients), others)]
-    ):
+    )
+    for i in clients:
         data = fed.clients[i]
         keep = np.sort(_rng(seed, 1, i).permutation(len(data.test_y))[:max_points])
         x = data.test_x[torch.as_tensor(keep, dtype=torch.long)]
@@ -186,18 +199,30 @@ def embedding_figure(
     if other_data:
         x, y, user = other_data_windows(run, fed, other_data, max_points, data_dir)
         parts.append((torch.from_numpy(x), y, False))
-        others_said = f"{other_data} user {user}'s windows"
-        other_label = f"{other_data} ({user})"
+        others_said, other_label = f"{other_data} user {user}'s windows", f"{other_data} ({user})"
     else:
-        others_said = f"{len(parts) - 1} other clients'"
-        other_label = "other clients"
+        others_said, other_label = f"{len(parts) - 1} other clients'", "other clients"
     points = np.concatenate([embed(model, x.to(device)).cpu().numpy() for x, _, _ in parts])
-    xy = tsne(points, seed)
-    y = np.concatenate([labels for _, labels, _ in parts])
-    mine = np.concatenate([np.full(len(labels), own) for _, labels, own in parts])
-    agree = nearest_own_agreement(points, y, mine)
-    colours = np.asarray(_class_colours(fed.num_classes))
+    labels = np.concatenate([y for _, y, _ in parts])
+    own = np.concatenate([np.full(len(y), mine) for _, y, mine in parts])
+    agreement = nearest_own_agreement(points, labels, own)
+    title = (
+        f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
+        f"personalized embeddings\nof its own test data ({int(own.sum())} points) and "
+        f"{others_said} ({int((~own).sum())});\nthe others' nearest own point is of their "
+        f"class for {100 * agreement:.0f} %"
+    )
+    return EmbeddingMap(
+        tsne(points, seed), labels, own, fed.class_names, other_label, title, agreement
+    )
 
+
+def draw_embedding(m: EmbeddingMap) -> Figure:
+    """colour = class, filled circle = own data, cross = the others'."""
+    from matplotlib.lines import Line2D
+
+    colours = np.asarray(_class_colours(len(m.class_names)))
+    xy, y, mine = m.xy, m.labels, m.own
     fig, ax = new_figure(7.2, 5.4)
     ax.scatter(*xy[~mine].T, c=colours[y[~mine]], marker="x", s=14, linewidths=0.8, alpha=0.6)
     ax.scatter(
@@ -205,28 +230,33 @@ def embedding_figure(
     )
     ax.set_xlabel("t-SNE 1")
     ax.set_ylabel("t-SNE 2")
-    name = fed.clients[client].name
-    ax.set_title(
-        f"{run.config.algorithm.name} on {fed.dataset}: {name}'s personalized embeddings\n"
-        f"of its own test data ({int(mine.sum())} points) and {others_said} "
-        f"({int((~mine).sum())});\nthe others' nearest own point is of their class for "
-        f"{100 * agree:.0f} %",
-        fontsize=10,
-    )
+    ax.set_title(m.title, fontsize=10)
     handles = [
         Line2D([], [], marker="o", ls="", color="grey", markeredgecolor="black", label="own data"),
-        Line2D([], [], marker="x", ls="", color="grey", label=other_label),
+        Line2D([], [], marker="x", ls="", color="grey", label=m.other_label),
     ]
     present = np.unique(y)
     if len(present) <= MAX_CLASSES_IN_LEGEND:
         handles += [
-            Line2D([], [], marker="s", ls="", color=colours[k], label=fed.class_names[k])
+            Line2D([], [], marker="s", ls="", color=colours[k], label=m.class_names[k])
             for k in present
         ]
     ax.legend(
         handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
     )
     return fig
+
+
+def embedding_figure(
+    run: Run | str | Path,
+    client: int,
+    others: int = 3,
+    max_points: int = 300,
+    data_dir: str | Path | None = None,
+    other_data: str | None = None,
+) -> Figure:
+    """`embedding_map` drawn (`draw_embedding`)."""
+    return draw_embedding(embedding_map(run, client, others, max_points, data_dir, other_data))
 
 
 def prototype_figure(run: Run | str | Path) -> Figure:
