@@ -651,7 +651,8 @@ def embed(
     data_dir: DataDir = None,
 ) -> None:
     """t-SNE of a client's personalized embeddings of its own and other clients' test data
-    (or another HAR data set's windows), or (--prototypes) of the class prototypes kept across rounds (docs/figures.md)."""
+    (or another HAR data set's windows), or (--prototypes) of the class prototypes kept
+    across rounds (docs/figures.md)."""
     with user_errors():
         from protofed.api import Run
         from protofed.plots import save_figure

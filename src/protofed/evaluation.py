@@ -19,7 +19,8 @@ grow with the number of clients (for models that share a body: one body pass ove
 plus a head pass per model). Distinct models of one architecture can also predict together,
 `stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
 same arithmetic in fewer, larger kernels, which pays where launching kernels costs (a GPU);
-on the CPU it measured slower (1.2x on CIFAR-10's cnn, 2.2x on cnn1d), so it is off there.
+on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d:
+benchmarks/stacked_evaluation.py), so it is off there.
 `eval.generalization_samples` scores it on a fixed class-stratified sample of the union
 instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
 Personalization and the global score always use the whole splits.

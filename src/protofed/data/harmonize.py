@@ -2,12 +2,13 @@
 and activity names.
 
 Two uses: MAE pre-training on the HAR sets other than the target (training/pretrain.py) and
-FedAli's Figs. 4-5, a client's model embedding another data set's windows
+FedAli's Fig. 4, a client's model embedding another data set's windows
 (`protofed embed --other-data`). The rules, settled once here:
 - channels by meaning: UCI-HAR's total (gravity-included) acceleration is what WISDM's and
   HHAR's phone accelerometers record, its body_gyro a gyroscope (`canonical_channel`);
 - units: each set z-scored per channel over its own windows (sets differ in units, g against
-  m/s^2, and in placement; a run's own data are standardised the same way by default);
+  m/s^2, and in placement; a run's own windows are z-scored by default too, over its
+  clients' training windows: `data.standardize`);
 - length: linear resampling to the target's window length where it differs;
 - activities by meaning (`canonical_activity`): "WALKING_UPSTAIRS", "upstairs" and
   "stairs_up" are one activity.
