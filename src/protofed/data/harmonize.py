@@ -7,8 +7,9 @@ FedAli's Fig. 4, a client's model embedding another data set's windows
 - channels by meaning: UCI-HAR's total (gravity-included) acceleration is what WISDM's and
   HHAR's phone accelerometers record, its body_gyro a gyroscope (`canonical_channel`);
 - units: each set z-scored per channel over its own windows (sets differ in units, g against
-  m/s^2, and in placement; a run's own windows are z-scored by default too, over its
-  clients' training windows: `data.standardize`);
+  m/s^2, and in placement). A run's own windows: WISDM's and HHAR's files are z-scored
+  already (AdaTime's preprocessing), UCI-HAR's loader keeps g units unless
+  `data.standardize=true` (docs/pretraining.md);
 - length: linear resampling to the target's window length where it differs;
 - activities by meaning (`canonical_activity`): "WALKING_UPSTAIRS", "upstairs" and
   "stairs_up" are one activity.
