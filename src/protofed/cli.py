@@ -665,7 +665,8 @@ def embed(
         else:
             m = embedding_map(run_, client, other, data_dir=data_dir, other_data=other_data)
             fig, default = draw_embedding(m), f"embed_client{client}"
-            said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"
+            if m.agreement == m.agreement:  # not NaN: there are other points
+                said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"
         paths = save_figure(fig, out if out is not None else Path(default))
     console.print(f"wrote {' and '.join(map(str, paths))}{said}", highlight=False)
 

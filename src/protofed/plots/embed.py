@@ -209,9 +209,10 @@ def embedding_map(
     title = (
         f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
         f"personalized embeddings\nof its own test data ({int(own.sum())} points) and "
-        f"{others_said} ({int((~own).sum())});\nthe others' nearest own point is of their "
-        f"class for {100 * agreement:.0f} %"
+        f"{others_said} ({int((~own).sum())})"
     )
+    if np.isfinite(agreement):
+        title += f";\nthe others' nearest own point is of their class for {100 * agreement:.0f} %"
     return EmbeddingMap(
         tsne(points, seed), labels, own, fed.class_names, other_label, title, agreement
     )
