@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -155,61 +154,6 @@ def signal_handlers_kept() -> Iterator[None]:
         for signum, handler in found.items():
             if handler is not None:  # None: set outside Python, cannot be set back from here
                 signal.signal(signum, handler)
-
-
-EXIT_AFTER_S = 10.0
-"""Seconds an interrupted Flower simulation gets to wind down before the process exits."""
-
-
-def _exit_later(seconds: float) -> None:
-    """Exit with 130 in `seconds` unless the process is gone by then.
-
-    After Ctrl-C, Flower's simulation threads can stay blocked in a call to a Ray actor whose
-    process is gone (the engine kills Ray's processes as it unwinds); the interpreter's exit
-    then joins them forever. A daemon timer still runs during that join.
-    """
-
-    def fire() -> None:
-        sys.stderr.write(
-            "interrupted: Flower's simulation did not wind down in time; exiting "
-            "(a Flower run cannot resume; start it again with --force)\n"
-        )
-        sys.stderr.flush()
-        os._exit(128 + signal.SIGINT)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-
-
-@contextlib.contextmanager
-def interrupts_stop_the_simulation() -> Iterator[None]:
-    """While the block runs, SIGINT and SIGTERM set `STOP` and arm `_exit_later` before
-    their handler found on entry runs (Ctrl-C's raises KeyboardInterrupt). Main thread only;
-    `signal_handlers_kept` gives the handlers back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def chain(previous: Any) -> Callable[[int, Any], None]:
-        def handler(signum: int, frame: Any) -> None:
-            if not STOP.is_set():
-                STOP.set()
-                _exit_later(EXIT_AFTER_S)
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL and signum == signal.SIGINT:
-                signal.default_int_handler(signum, frame)
-            elif previous == signal.SIG_DFL:
-                raise SystemExit(128 + signum)
-
-        return handler
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(signum)
-        if previous not in (signal.SIG_IGN, None):
-            signal.signal(signum, chain(previous))
-    yield
 
 
 class RoundFailed(RunStopped):
@@ -507,7 +451,6 @@ def run_simulations(
     STOP.clear()
     with (
         signal_handlers_kept(),
-        interrupts_stop_the_simulation(),
         Reaper() as reaper,
     ):  # if this process is SIGKILLed, Ray's processes die with it
         try:
