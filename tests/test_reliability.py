@@ -366,28 +366,67 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path):
 # 4. signals -------------------------------------------------------------------------------
 
 
-def _wait_for_first_round(proc: subprocess.Popen, out: Path, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").stat().st_size:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no round finished in time"
-        time.sleep(0.2)
+class _Spawned:
+    """A protofed command in its own process, its output in a file, never in a pipe.
+
+    A pipe's reader waits for EOF from every process holding its write end, and any
+    process forked (without exec) while the pipe exists holds it: so `communicate` can
+    wait on a process other than the one under test. Waiting for the PID measures the
+    process itself; the leftover processes are checked separately (`_left`).
+    """
+
+    def __init__(self, cmd: list[str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as sink:
+            self.proc = subprocess.Popen(
+                cmd,
+                env={**os.environ, **FLOWER_ENV},
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, seconds: float) -> int:
+        """The exit code, or a failure that says where the process stood (per thread)."""
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            where = _where(self.proc.pid)
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"no exit within {seconds} s; {where}; output: {self.output()[-2000:]}")
+
+    def wait_for_first_round(self, out: Path, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").stat().st_size:
+            assert self.proc.poll() is None, self.output()[-3000:]
+            assert time.monotonic() < deadline, "no round finished in time"
+            time.sleep(0.2)
+
+
+def _where(pid: int) -> str:
+    """Each thread's state and kernel wait channel, read from /proc (for a hang's report)."""
+    threads = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads.append(
+                f"{(task / 'comm').read_text().strip()}:{stat}:{(task / 'wchan').read_text()}"
+            )
+    return "threads " + ", ".join(threads)
 
 
 def test_sigterm_stops_a_run_resumably(tmp_path):
     out = tmp_path / "run"
     cmd = [str(BIN / "protofed"), "run", "-q", *_sets([*SMALL, "train.rounds=60"])]
-    proc = subprocess.Popen(
-        [*cmd, "--out", str(out)],
-        env={**os.environ, **FLOWER_ENV},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for_first_round(proc, out, 60)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
+    run = _Spawned([*cmd, "--out", str(out)], tmp_path / "log")
+    run.wait_for_first_round(out, 60)
+    run.proc.send_signal(signal.SIGTERM)
+    code, err = run.wait(30), run.output()
+    assert code == 130, err
     assert f"continue with: protofed run --resume {out}" in " ".join(err.split())
     resumed = runner.invoke(app, ["run", "--resume", str(out)])
     assert resumed.exit_code == 0, resumed.output
@@ -406,19 +445,13 @@ def _flower_run(out: Path, *overrides: str) -> list[str]:
     return [*cli, *_sets([*SMALL, *overrides])]
 
 
-def _start_flower_run(out: Path, rounds: int) -> tuple[subprocess.Popen, list[psutil.Process]]:
+def _start_flower_run(out: Path, rounds: int) -> tuple[_Spawned, list[psutil.Process]]:
     """A Flower run in its own process, once its first round is written: (it, its children)."""
-    proc = subprocess.Popen(
-        _flower_run(out, f"train.rounds={rounds}"),
-        env={**os.environ, **FLOWER_ENV},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for_first_round(proc, out, 180)
-    tree = psutil.Process(proc.pid).children(recursive=True)
+    run = _Spawned(_flower_run(out, f"train.rounds={rounds}"), out.parent / "log")
+    run.wait_for_first_round(out, 180)
+    tree = psutil.Process(run.proc.pid).children(recursive=True)
     assert len(tree) > 1, "Flower's simulation started no process"
-    return proc, tree
+    return run, tree
 
 
 def _left(tree: list[psutil.Process], seconds: float) -> list[psutil.Process]:
@@ -428,16 +461,13 @@ def _left(tree: list[psutil.Process], seconds: float) -> list[psutil.Process]:
 
 def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(tmp_path):
     out = tmp_path / "run"
-    proc, tree = _start_flower_run(out, rounds=500)
-    try:
-        proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        assert time.monotonic() - t0 < 15, "Ctrl-C took too long"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    run, tree = _start_flower_run(out, rounds=500)
+    run.proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    code = run.wait(30)
+    assert time.monotonic() - t0 < 15, "Ctrl-C took too long"
+    err = run.output()
+    assert code == 130, err[-2000:]
     assert "--resume" not in err and "cannot resume" in " ".join(err.split())
     assert not _left(tree, 10)
     result = runner.invoke(app, ["run", "--resume", str(out)])
@@ -446,9 +476,9 @@ def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(
 
 def test_a_killed_flower_run_leaves_no_process(tmp_path):
     """SIGKILL cannot be handled: the watchdog (flower/reaper.py) kills Ray's processes."""
-    proc, tree = _start_flower_run(tmp_path / "run", rounds=500)
-    proc.kill()
-    proc.communicate(timeout=30)
+    run, tree = _start_flower_run(tmp_path / "run", rounds=500)
+    run.proc.kill()
+    run.wait(30)
     left = _left(tree, 20)
     for p in left:  # do not leave them to the next test either
         with contextlib.suppress(psutil.Error):

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -154,6 +155,40 @@ def signal_handlers_kept() -> Iterator[None]:
         for signum, handler in found.items():
             if handler is not None:  # None: set outside Python, cannot be set back from here
                 signal.signal(signum, handler)
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM asks the session to stop; the next one interrupts at once.
+
+    Interrupting the main thread inside Flower's Simulation Runtime makes it shut Ray down
+    while its worker threads may still wait on an actor's reply; the process then hung with
+    every thread in a futex wait (seen in 4 of 5 suite runs, tests/test_reliability.py).
+    Asking instead ends the ServerApp's waits (`STOP`), so Flower stops its workers once the
+    clients in training reply, then shuts Ray down with no call in flight.
+    """
+    if STOP.is_set():
+        raise KeyboardInterrupt
+    STOP.set()
+    with contextlib.suppress(OSError):  # a handler may not take logging's locks
+        os.write(2, b"stopping once the clients in training reply (again: stop at once)\n")
+
+
+def _start_ray(init_args: dict[str, Any]) -> None:
+    """Start Ray here, as Flower's Ray backend would, so `_request_stop` can follow it.
+
+    `ray.init` replaces the SIGTERM handler; started by Flower, it would do so inside
+    `run_simulation`, where this thread can no longer set its own. Flower then finds Ray
+    running and uses it (it ends it with the session). The ClientApps import protofed in
+    Ray's workers, which need this process's `sys.path` (Flower passes it the same way).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    paths = [*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    init_args = {"include_dashboard": False, **init_args}
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}}, **init_args)
 
 
 class RoundFailed(RunStopped):
@@ -454,6 +489,10 @@ def run_simulations(
         Reaper() as reaper,
     ):  # if this process is SIGKILLed, Ray's processes die with it
         try:
+            if threading.current_thread() is threading.main_thread():
+                _start_ray(backend["init_args"])
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, _request_stop)
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
@@ -467,11 +506,14 @@ def run_simulations(
             flwr_logger.setLevel(level)
             spawned.extend(psutil.Process().children(recursive=True))  # thread not done
             ray = [p for p in set(spawned) if p.pid != reaper.pid]
-            _, alive = psutil.wait_procs(ray, timeout=5 if STOP.is_set() else 30)
+            # stopped: Flower has shut Ray down, so what is left is killed now
+            _, alive = psutil.wait_procs(ray, timeout=0 if STOP.is_set() else 30)
             for proc in alive:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
             psutil.wait_procs(alive, timeout=10)
+    if STOP.is_set():  # asked to stop: the session ended cleanly, the run did not finish
+        raise KeyboardInterrupt
     if len(results) != len(loops):
         raise RunStopped("the Flower simulation ended early (see the log above)")
     return results
