@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from protofed.cli import app
 from protofed.config import load_config
+from protofed.errors import ConfigError
 from protofed.nn.alp import GLOBAL, LOCAL
 from protofed.runtime.prepare import build_model_and_algorithm
 from protofed.training.pretrain import (
@@ -95,6 +97,27 @@ def test_model_init_loads_every_encoder_tensor_and_prototype_bank(
         assert torch.equal(bank, tensors[key[: -len(GLOBAL)] + LOCAL]), key
     for key, bank in algorithm.initial_local().items():
         assert torch.equal(bank, tensors[key]), key
+
+
+def test_checkpoints_are_safetensors_and_legacy_torch_files_still_load(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    raw = checkpoint.read_bytes()
+    header = int.from_bytes(raw[:8], "little")  # safetensors: u64 header size, JSON header
+    assert json.loads(raw[8 : 8 + header])["__meta__"]["dtype"] == "U8"
+    tensors, meta = read_checkpoint(checkpoint)
+    legacy = tmp_path / "legacy.pt"  # what versions without safetensors wrote
+    torch.save(
+        {**tensors, "__meta__": torch.tensor(list(json.dumps(meta).encode()), dtype=torch.uint8)},
+        legacy,
+    )
+    again, meta_again = read_checkpoint(legacy)
+    assert meta_again == meta and again.keys() == tensors.keys()
+    assert all(torch.equal(again[k], tensors[k]) for k in tensors)
+    pickled = tmp_path / "object.pt"  # anything beyond tensors is refused, never unpickled
+    torch.save({"x": Path("/")}, pickled)
+    with pytest.raises(ConfigError, match="not a protofed pretrain checkpoint"):
+        read_checkpoint(pickled)
 
 
 def _one_line(result) -> str:

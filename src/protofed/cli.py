@@ -260,7 +260,7 @@ def pretrain(
 ) -> None:
     """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
     windows of the other HAR sets (FedAli 5.4; docs/pretraining.md); use with -s model.init=OUT."""
-    from protofed.training.pretrain import Pretraining, checkpoint_format, save_checkpoint
+    from protofed.training.pretrain import Pretraining, save_checkpoint
 
     with user_errors():
         cfg = _config(config, set_, data_dir)
@@ -298,7 +298,7 @@ def pretrain(
                 raise typer.Exit(code=EXIT_INTERRUPTED) from None
         save_checkpoint(out, job.checkpoint())
     console.print(
-        f"checkpoint: {out}, {checkpoint_format()}; start a run from it with -s model.init={out}",
+        f"checkpoint: {out}; start a run from it with -s model.init={out}",
         highlight=False,
     )
 

@@ -27,8 +27,9 @@ gives the objective and every setting settled here; in short:
 
 The checkpoint is a flat dict of tensors named as in the model's state_dict (encoder
 weights and every ALP layer's local bank, no global banks, no beta/gamma), plus `__meta__`
-(JSON as uint8): safetensors when installed, else `torch.save`, loaded back with
-`torch.load(weights_only=True)`. `load_init` reads it into a model (`model.init`).
+(JSON as uint8), written with safetensors (nothing in it is code to unpickle). Checkpoints
+from versions that fell back to `torch.save` still load, with `torch.load(weights_only=True)`.
+`load_init` reads it into a model (`model.init`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -279,27 +281,9 @@ class Pretraining:
 
 
 # --------------------------------------------------------------------- checkpoint files
-def _safetensors() -> Any:
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        return None
-    return st
-
-
-def checkpoint_format() -> str:
-    """The format `save_checkpoint` writes on this installation."""
-    return "safetensors" if _safetensors() is not None else "torch.save (safetensors not installed)"
-
-
 def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:
-    """Write atomically: safetensors if installed, else torch.save of the plain dict."""
-    st = _safetensors()
-    if st is not None:
-        return atomic_write_bytes(path, st.save(tensors))
-    buffer = io.BytesIO()
-    torch.save(tensors, buffer)
-    return atomic_write_bytes(path, buffer.getvalue())
+    """Write the safetensors file atomically."""
+    return atomic_write_bytes(path, safetensors.torch.save(tensors))
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -312,15 +296,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
         if data[:2] == b"PK":  # torch.save's zip format
             tensors = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         else:
-            st = _safetensors()
-            if st is None:
-                raise ConfigError(
-                    f"model.init: {path} is not a torch checkpoint; reading safetensors needs "
-                    "`pip install safetensors`"
-                )
-            tensors = st.load(data)
-    except ConfigError:
-        raise
+            tensors = safetensors.torch.load(data)
     except Exception as exc:
         raise ConfigError(
             f"model.init: {path} is not a protofed pretrain checkpoint ({type(exc).__name__})"
