@@ -167,7 +167,20 @@ def test_threads_setting_is_applied():
         ("ditto", "received"),
     ],
 )
-def test_worker_processes_give_the_serial_numbers(algorithm, client_model):
+def test_worker_processes_give_the_serial_numbers(monkeypatch, algorithm, client_model):
+    """Training and scoring in workers: the serial numbers. Every distinct client model is
+    scored in a worker, but models that share a body (FedRep's), scored here on its
+    embeddings."""
+    from protofed.runtime import scoring
+
+    in_workers: list[int] = []
+    real = scoring.predict_in
+
+    def counting(pool):
+        many = real(pool)
+        return lambda jobs: in_workers.append(len(jobs)) or many(jobs)
+
+    monkeypatch.setattr(scoring, "predict_in", counting)
     settings = (
         f"algorithm.name={algorithm}",
         f"eval.client_model={client_model}",
@@ -176,8 +189,10 @@ def test_worker_processes_give_the_serial_numbers(algorithm, client_model):
         "train.client_fraction=0.5",
     )
     serial = simulate(prepare(_cfg(*settings))).run()
+    assert not in_workers
     parallel = simulate(prepare(_cfg(*settings, "train.workers=2"))).run()
     assert _numbers(serial) == _numbers(parallel)
+    assert (sum(in_workers) > 0) == (algorithm != "fedrep"), in_workers
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ head) share its embeddings: the body runs once per split and only the heads run 
 
 Generalization costs (distinct client models) x (union size) predictions a round, and both
 grow with the number of clients (for models that share a body: one body pass over the union
-plus a head pass per model). Distinct models of one architecture can also predict together,
+plus a head pass per model; a runtime with worker processes hands them whole models,
+`PREDICT_CHUNK` at a time, through `evaluate`'s `predict_many`). Distinct models of one architecture can also predict together,
 `stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
 same arithmetic in fewer, larger kernels, which pays where launching kernels costs (a GPU);
 on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d:
@@ -29,7 +30,7 @@ Personalization and the global score always use the whole splits.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +50,12 @@ from protofed.training.loop import predict
 Spec = tuple[str, int, int | None]
 """What a model predicts: a split ("test", "val" or "gen", the generalization sample) and the
 range [lo:hi] of its samples (hi None: to the end)."""
+
+PredictMany = Callable[[list[tuple[Arrays, list[Spec]]]], Iterable[list[np.ndarray]]]
+"""Predictions of several models, each on its specs (`Evaluator.evaluate`)."""
+
+PREDICT_CHUNK = 32
+"""Clients whose new models go to `predict_many` at a time: the weights in flight stay bounded."""
 
 F1Labels = Literal["true", "union"]
 """Which classes macro-F1 averages over: those in y_true, or those in y_true or y_pred."""
@@ -342,6 +349,27 @@ class Evaluator:
         for key, pred in zip(group, preds, strict=True):
             predictions.setdefault(key, {})[spec] = pred
 
+    def _predict_elsewhere(
+        self,
+        predict_many: PredictMany,
+        span: range,
+        models: list[Arrays | None],
+        keys: list[tuple],
+        shared: list[tuple | None],
+        counts: Counter,
+        predictions: dict[tuple, dict[tuple, Any]],
+    ) -> None:
+        """Every model of the clients in `span` not yet predicted, and without a shared body,
+        predicts all its clients need through `predict_many`."""
+        jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
+        for i in span:
+            weights = models[i]
+            if shared[i] is None and keys[i] not in predictions and weights is not None:
+                jobs.setdefault(keys[i], (weights, self._needs(i, counts[keys[i]] > 1)))
+        done = predict_many(list(jobs.values())) if jobs else []
+        for key, preds in zip(jobs, done, strict=True):
+            predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
+
     def _gen_scores(self, pred: np.ndarray) -> tuple[float, float]:
         """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
         if not self.generalization:
@@ -365,12 +393,20 @@ class Evaluator:
             specs.append(("gen", 0, None))
         return specs
 
-    def evaluate(self, client_model: Callable[[int], Arrays], global_model: Arrays | None) -> dict:
+    def evaluate(
+        self,
+        client_model: Callable[[int], Arrays],
+        global_model: Arrays | None,
+        predict_many: PredictMany | None = None,
+    ) -> dict:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
         Each distinct model predicts once what its clients need (`_needs`); models that share
-        a body run it once per split (`predict_on`); others predict whole splits
-        `stacked_models` at a time (`predict_stacked`).
+        a body run it once per split here (`predict_on`), where its embeddings are. The
+        others go to `predict_many` where given (e.g. a pool of processes: the clients' new
+        models `PREDICT_CHUNK` clients at a time, `predict_many([(weights, specs), ...])`
+        giving each one's predictions in order, as `predict_on` would), else predict whole
+        splits `stacked_models` at a time (`predict_stacked`), else one by one.
         """
         n, c = len(self.fed.clients), self.fed.num_classes
         # which clients share a model: every client's weights are held while fingerprinting
@@ -400,6 +436,16 @@ class Evaluator:
         val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
         for i in range(n):
+            if predict_many is not None and i % PREDICT_CHUNK == 0:
+                self._predict_elsewhere(
+                    predict_many,
+                    range(i, min(i + PREDICT_CHUNK, n)),
+                    models,
+                    keys,
+                    shared,
+                    counts,
+                    predictions,
+                )
             key, body = keys[i], shared[i]
             weights, models[i] = models[i], None
             assert weights is not None

@@ -8,12 +8,16 @@ With `data.dynamic`, a round is scored on the clients' views of that round's dat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
+
+import numpy as np
+import torch
 
 from protofed.core.types import Arrays, Records
 from protofed.data.federated import FederatedData
-from protofed.evaluation import Evaluator
+from protofed.evaluation import Evaluator, PredictMany, Spec
+from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
 
 
@@ -35,6 +39,35 @@ def build_evaluator(prepared: Prepared, fed: FederatedData | None = None) -> Eva
         f1_labels=e.f1_labels,
         stacked_models=e.stacked_models,
     )
+
+
+_WORKER_EVALUATOR: tuple[int, Evaluator] | None = None
+"""A worker's own evaluator, built on its first task from its fork of the run."""
+
+
+def _predict_in_worker(
+    prepared: Prepared, weights: dict[str, np.ndarray], specs: list[Spec]
+) -> list[np.ndarray]:
+    global _WORKER_EVALUATOR
+    if _WORKER_EVALUATOR is None or _WORKER_EVALUATOR[0] != id(prepared):
+        _WORKER_EVALUATOR = (id(prepared), build_evaluator(prepared))
+    evaluator = _WORKER_EVALUATOR[1]
+    model = {k: torch.from_numpy(v) for k, v in weights.items()}
+    return [evaluator.predict_on(model, *spec) for spec in specs]
+
+
+def predict_in(pool: WorkerPool) -> PredictMany:
+    """`Evaluator.evaluate`'s `predict_many` on the run's worker processes: each worker
+    scores whole models (single-threaded, as it trains), so a round's distinct client models
+    are scored `pool.workers` at a time. The weights travel as numpy arrays, copied: as
+    tensors they would be moved to shared memory in place, and every kept model (Local's,
+    `eval.client_model=trained`) would hold a file descriptor per tensor from then on."""
+
+    def predict_many(jobs: list[tuple[Arrays, list[Spec]]]) -> Iterable[list[np.ndarray]]:
+        plain = [({k: v.detach().numpy() for k, v in w.items()}, specs) for w, specs in jobs]
+        return pool.map(_predict_in_worker, plain)
+
+    return predict_many
 
 
 class ServerSideEvaluation:
@@ -62,8 +95,15 @@ class ServerSideEvaluation:
         return self._staged[1]
 
     def evaluate(self, server: Records, server_round: int) -> dict:
-        """The scores of the models after `server_round` (see `Evaluator.evaluate`)."""
-        return self.evaluator_for(server_round).evaluate(
+        """The scores of the models after `server_round` (see `Evaluator.evaluate`), on the
+        transport's worker processes where it has them (not with data.dynamic: a worker holds
+        the whole data only; not where models predict stacked, which pays on a GPU only)."""
+        pool: WorkerPool | None = getattr(self.transport, "pool", None)
+        evaluator = self.evaluator_for(server_round)
+        use_pool = pool is not None and self.prepared.dynamic is None
+        many = predict_in(pool) if use_pool and evaluator.stacked_models == 1 else None
+        return evaluator.evaluate(
             self.transport.client_models(server, server_round),
             self.prepared.algorithm.global_model(server),
+            predict_many=many,
         )
