@@ -21,6 +21,7 @@ from protofed.data import (
     partition,
     stratified_split,
 )
+from protofed.data.harmonize import COMBINED_CHANNELS, canonical_activity, harmonized_windows
 from protofed.errors import ConfigError
 
 # name: (shape of X, num classes, number of groups or None, kind)
@@ -28,6 +29,7 @@ EXPECTED = {
     "uci_har": ((10299, 6, 128), 6, 30, "sensor"),
     "wisdm": ((7292, 3, 128), 6, 36, "sensor"),
     "hhar": ((4436, 3, 128), 6, 9, "sensor"),
+    "har_combined": ((4436 + 7292, 3, 128), 7, 9 + 36, "sensor"),
     "wisdm_features": ((5418, 43), 6, 36, "tabular"),
     "wesad": (None, 3, 15, "tabular"),  # column count checked separately
     "mnist": ((70000, 1, 28, 28), 10, None, "image"),
@@ -484,3 +486,34 @@ def test_summary_and_table(digits):
     assert np.array_equal(np.array(summary["counts"]), fed.counts)
     table = fed.counts_table().splitlines()
     assert sum(line.startswith("client_") for line in table) == 4
+
+
+# --------------------------------------------------------------------------- combined HAR sets
+
+
+def test_har_combined_joins_users_and_activities_by_meaning(real, shared_data: Path) -> None:
+    hhar, wisdm, both = real("hhar"), real("wisdm"), real("har_combined")
+    assert both.group_names[:9] == [f"hhar:{g}" for g in hhar.group_names]
+    assert both.group_names[9:] == [f"wisdm:{g}" for g in wisdm.group_names]
+    assert both.class_names == ["bike", "sit", "stand", "walk", "stairs_up", "stairs_down", "jog"]
+    n = len(hhar)
+    for part, own in ((slice(0, n), hhar), (slice(n, None), wisdm)):
+        names = [both.class_names[c] for c in both.y[part]]  # every window keeps its activity
+        assert names == [canonical_activity(own.class_names[c]) for c in own.y]
+        x = both.X[part].astype(np.float64)  # each member z-scored per channel on its own
+        np.testing.assert_allclose(x.mean(axis=(0, 2)), 0, atol=1e-4)
+        np.testing.assert_allclose(x.std(axis=(0, 2)), 1, atol=1e-4)
+    cfg = DataConfig(name="har_combined", partition="natural", dir=str(shared_data))
+    fed = build_federated(cfg, seed=0)
+    assert len(fed.clients) == 45 and fed.num_classes == 7
+
+
+def test_har_combined_takes_uci_har_acceleration_and_refuses_bad_members(real) -> None:
+    ds = real("har_combined", members=["uci_har", "hhar"])
+    assert ds.X.shape == (10299 + 4436, 3, 128) and ds.meta["channels"] == COMBINED_CHANNELS
+    uci = real("uci_har")
+    first = harmonized_windows(uci, COMBINED_CHANNELS, 128)[:5]  # total_acc, z-scored
+    np.testing.assert_array_equal(ds.X[:5], first)
+    for members in (["hhar"], ["hhar", "hhar"], ["hhar", "mnist"]):
+        with pytest.raises(ConfigError, match="data.members: two or more distinct"):
+            real("har_combined", members=members)

@@ -60,6 +60,10 @@ class DataConfig(_Section):
     channels: str | list[int | str] = Field(
         "default", description="Sensor channels: 'default', 'all', or a list of names/indices."
     )
+    members: list[str] = Field(
+        ["hhar", "wisdm"],
+        description="har_combined: the HAR sets whose users form one federation.",
+    )
     split: tuple[float, float, float] = Field(
         (0.7, 0.1, 0.2), description="Per-client train/val/test fractions (stratified)."
     )

@@ -295,8 +295,12 @@ SOURCES: dict[str, Source] = {
         "published in a form that can be fetched.",
     ),
 }
-# digits_domains is MNIST + USPS + MNIST-M: fetching it fetches those three.
-COMPOSITE = {"digits_domains": ("mnist", "usps", "mnist_m")}
+# digits_domains is MNIST + USPS + MNIST-M, har_combined the HAR sets of data.members (any of
+# three): fetching either fetches its parts.
+COMPOSITE = {
+    "digits_domains": ("mnist", "usps", "mnist_m"),
+    "har_combined": ("uci_har", "wisdm", "hhar"),
+}
 
 
 def source(name: str) -> Source:

@@ -1,9 +1,10 @@
 """Windows of one HAR data set made comparable with another's: same channels, units, length
 and activity names.
 
-Two uses: MAE pre-training on the HAR sets other than the target (training/pretrain.py) and
+Three uses: MAE pre-training on the HAR sets other than the target (training/pretrain.py),
 FedAli's Fig. 4, a client's model embedding another data set's windows
-(`protofed embed --other-data`). The rules, settled once here:
+(`protofed embed --other-data`), and federations spanning several sets, as FedAli's
+"Combined" setup (`combined`, `data.name=har_combined`). The rules, settled once here:
 - channels by meaning: UCI-HAR's total (gravity-included) acceleration is what WISDM's and
   HHAR's phone accelerometers record, its body_gyro a gyroscope (`canonical_channel`);
 - units: each set z-scored per channel over its own windows (sets differ in units, g against
@@ -87,3 +88,49 @@ def harmonized_windows(
         return x
     t = torch.from_numpy(x)
     return F.interpolate(t, size=length, mode="linear", align_corners=False).numpy()
+
+
+COMBINED_CHANNELS = ["acc_x", "acc_y", "acc_z"]
+"""What every registered HAR set records: a phone's 3-axis accelerometer."""
+
+
+def combined(members: list[Dataset], channels: list[str], length: int) -> Dataset:
+    """One data set of several HAR sets' windows: each user of each set a group of its own
+    ("hhar:user_a"), the activities the union of theirs by meaning (in the order first met),
+    the windows harmonized as above. Published train/test splits are dropped: members that
+    have one and members that do not would be split by different rules."""
+    names: list[str] = []
+    xs, ys, groups, group_names = [], [], [], []
+    counts: dict[str, int] = {}
+    for ds in members:
+        missing = missing_channels(ds, channels)
+        if missing:
+            raise ValueError(f"{ds.name} has no channel {missing[0]} (it has {channels_of(ds)})")
+        classes = [canonical_activity(c) for c in ds.class_names]
+        for c in classes:
+            if c not in names:
+                names.append(c)
+        xs.append(harmonized_windows(ds, channels, length))
+        ys.append(np.array([names.index(c) for c in classes], dtype=np.int64)[ds.y])
+        if ds.groups is None:
+            raise ValueError(f"{ds.name} has no users to make clients of")
+        own = ds.group_names or [str(g) for g in range(int(ds.groups.max()) + 1)]
+        groups.append(ds.groups + len(group_names))
+        group_names += [f"{ds.name}:{g}" for g in own]
+        counts[ds.name] = len(ds)
+    return Dataset(
+        name="+".join(ds.name for ds in members),
+        X=np.concatenate(xs),
+        y=np.concatenate(ys),
+        num_classes=len(names),
+        class_names=names,
+        groups=np.concatenate(groups),
+        group_names=group_names,
+        kind="sensor",
+        meta={
+            "channels": list(channels),
+            "members": counts,
+            "window": length,
+            "harmonized": "channels and activities by meaning, each set z-scored per channel",
+        },
+    )

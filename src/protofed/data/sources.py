@@ -28,6 +28,7 @@ import pandas as pd
 
 from protofed import plugins
 from protofed.config import DataConfig
+from protofed.data.harmonize import COMBINED_CHANNELS, HAR_WINDOWS, combined
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
 
@@ -411,6 +412,22 @@ def _load_wisdm(cfg: DataConfig) -> Dataset:
 
 def _load_hhar(cfg: DataConfig) -> Dataset:
     return _sensor_npz(cfg, "hhar", "har/hhar_sa.npz", hz=None, keep_split=False)
+
+
+def _load_har_combined(cfg: DataConfig) -> Dataset:
+    """Several HAR sets' users in one federation (FedAli's "Combined"; harmonize.combined)."""
+    members = list(cfg.members)
+    if len(members) < 2 or len(set(members)) != len(members) or set(members) - set(HAR_WINDOWS):
+        raise ConfigError(
+            f"data.members: two or more distinct of {', '.join(HAR_WINDOWS)}; got {members}"
+        )
+    picked = _select_channels("har_combined", cfg.channels, COMBINED_CHANNELS, COMBINED_CHANNELS)
+    loaded = [
+        DATASETS[m].loader(cfg.model_copy(update={"name": m, "channels": "default"}))
+        for m in members
+    ]
+    length = loaded[0].X.shape[-1]
+    return combined(loaded, [COMBINED_CHANNELS[i] for i in picked], length)
 
 
 # --------------------------------------------------------------------------- feature tables
@@ -845,6 +862,11 @@ DATASETS: dict[str, DatasetInfo] = {
         "HHAR Samsung-phone accelerometer windows (3 x 128), 6 activities, 9 users",
         _load_hhar,
         f"{_UCI}: Heterogeneity Activity Recognition (AdaTime HHAR_SA)",
+    ),
+    "har_combined": DatasetInfo(
+        "users of several HAR sets (data.members; default hhar + wisdm: 45 users, 7 activities)",
+        _load_har_combined,
+        "the member sets (see those entries), harmonized",
     ),
     "wisdm_features": DatasetInfo(
         "WISDM v1.1 transformed features (43 per 10 s window), 6 activities, 36 users",
