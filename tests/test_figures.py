@@ -16,7 +16,7 @@ from protofed.cli import app
 from protofed.config import load_config
 from protofed.data import build_federated
 from protofed.plots import save_figure
-from protofed.plots.embed import embedding_figure, federation, other_clients
+from protofed.plots.embed import EMBED_STREAM, embedding_figure, federation, other_clients
 from protofed.plots.partition import HEATMAP, client_domains, partition_figure
 from protofed.runtime import resume, start
 from protofed.runtime.keep import read_kept
@@ -282,3 +282,54 @@ def test_embed_other_data_draws_one_user_of_another_har_set(tmp_path, shared_dat
     result = runner.invoke(app, ["embed", str(out), "--other-data", "hhar", *data])
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--other-data" in text, text
+
+
+def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):
+    """In a federation of HHAR and WISDM users: an HHAR client's model on a WISDM client's
+    test data (Fig. 4, `--with`), and each client's own model on its own training data
+    (Fig. 5, `--own-models`), checked against embeddings computed here."""
+    from protofed.plots.embed import embedding_map, nearest_own_agreement
+    from protofed.prototypes import embed
+
+    out = tmp_path / "combined"
+    small = ["data.name=har_combined", "data.partition=natural", "algorithm.name=local"]
+    small += ["model.name=cnn1d", "train.rounds=1", "train.threads=1"]
+    data = ["--data-dir", str(shared_data)]
+    result = runner.invoke(app, ["run", "-q", "--out", str(out), *_sets(small), *data])
+    assert result.exit_code == 0, result.output
+    run = Run(out)
+    fed = federation(run, shared_data)
+    hhar, wisdm = 0, 9  # the first user of each set
+    assert fed.clients[hhar].name.startswith("hhar:") and fed.clients[wisdm].name.startswith(
+        "wisdm:"
+    )
+    for own_models in (False, True):
+        m = embedding_map(
+            run, hhar, max_points=60, data_dir=shared_data, pick=[wisdm], own_models=own_models
+        )
+        parts = []
+        for i in (hhar, wisdm):
+            c = fed.clients[i]
+            xs, ys = (c.train_x, c.train_y) if own_models else (c.test_x, c.test_y)
+            keep = np.sort(
+                np.random.default_rng(
+                    np.random.SeedSequence([run.config.seed, EMBED_STREAM, 1, i])
+                ).permutation(len(ys))[:60]
+            )
+            model = run.client_model(i if own_models else hhar)
+            parts.append((embed(model, xs[keep]).numpy(), ys.numpy()[keep], i == hhar))
+        points = np.concatenate([p for p, _, _ in parts])
+        labels = np.concatenate([y for _, y, _ in parts])
+        own = np.concatenate([np.full(len(y), mine) for _, y, mine in parts])
+        np.testing.assert_array_equal(m.labels, labels)
+        assert m.agreement == pytest.approx(nearest_own_agreement(points, labels, own))
+        assert m.other_label == fed.clients[wisdm].name
+    assert "own models on their own training data" in m.title
+    prefix = str(tmp_path / "fig5")
+    args = ["embed", str(out), "--with", str(wisdm), "--own-models", "-o", prefix, *data]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "fig5.png").stat().st_size > 1000
+    result = runner.invoke(app, ["embed", str(out), "--with", "0", *data])
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--with 0" in text, text

@@ -194,3 +194,13 @@ def test_the_init_file_is_part_of_the_fingerprint(
     save_checkpoint(init, tensors)
     with pytest.raises(ConfigError, match="model.init"):
         check_fingerprint(saved, fingerprint(prepared), tmp_path, 3)
+
+
+def test_a_combined_federation_pretrains_on_the_sets_outside_it(shared_data: Path) -> None:
+    from protofed.training.pretrain import pooled_windows
+
+    cfg = _config(shared_data, "data.name=har_combined", "data.members=[hhar,wisdm]")
+    assert pooled_windows(cfg).counts == {"uci_har": 100}  # never a member's windows
+    cfg = _config(shared_data, "data.name=har_combined", "pretrain.datasets=[uci_har,wisdm]")
+    with pytest.raises(ConfigError, match="includes the target data set 'wisdm'"):
+        pooled_windows(cfg)

@@ -638,6 +638,17 @@ def embed(
             "(FedAli's Fig. 4).",
         ),
     ] = None,
+    with_clients: Annotated[
+        list[int] | None,
+        typer.Option("--with", help="These other clients (repeat it), instead of --other's."),
+    ] = None,
+    own_models: Annotated[
+        bool,
+        typer.Option(
+            "--own-models",
+            help="Each client's own model on its own training data (FedAli's Fig. 5).",
+        ),
+    ] = False,
     prototypes: Annotated[
         bool,
         typer.Option("--prototypes", help="t-SNE of the prototypes the run kept, instead."),
@@ -663,7 +674,15 @@ def embed(
         if prototypes:
             fig, default = prototype_figure(run_), "embed_prototypes"
         else:
-            m = embedding_map(run_, client, other, data_dir=data_dir, other_data=other_data)
+            m = embedding_map(
+                run_,
+                client,
+                other,
+                data_dir=data_dir,
+                other_data=other_data,
+                pick=with_clients,
+                own_models=own_models,
+            )
             fig, default = draw_embedding(m), f"embed_client{client}"
             if m.agreement == m.agreement:  # not NaN: there are other points
                 said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"

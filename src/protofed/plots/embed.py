@@ -172,10 +172,15 @@ def embedding_map(
     max_points: int = 300,
     data_dir: str | Path | None = None,
     other_data: str | None = None,
+    pick: list[int] | None = None,
+    own_models: bool = False,
 ) -> EmbeddingMap:
     """Client `client`'s personalized embeddings of its own test data and of `others` other
-    clients' test data, or (`other_data`, FedAli's Fig. 4) of one user's windows of another
-    HAR data set, mapped by t-SNE."""
+    clients' test data (those of `pick` if given), or (`other_data`) of one user's windows of
+    another HAR data set, mapped by t-SNE. FedAli's Fig. 4 is either, in a federation spanning
+    two sets (`data.name=har_combined`) the first: an HHAR client's model on a client of the
+    other set. With `own_models` (its Fig. 5) every client's model embeds its own training
+    data instead, all in one map: do the clients' models put a class in one region?"""
     import torch
 
     from protofed.prototypes import embed
@@ -186,30 +191,49 @@ def embedding_map(
     fed = federation(run, data_dir)
     if others < 0:
         raise ConfigError(f"--other must be >= 0, got {others}")
+    for i in pick or []:
+        if not 0 <= i < len(fed.clients) or i == client:
+            raise ConfigError(
+                f"--with {i}: not another client (0..{len(fed.clients) - 1}, not {client})"
+            )
+    if own_models and other_data:
+        raise ConfigError("--own-models takes clients of the run, not --other-data")
     device = next(model.parameters()).device
     parts: list[tuple[torch.Tensor, np.ndarray, bool]] = []  # inputs, labels, own
-    clients = (
-        [client] if other_data else [client, *other_clients(seed, client, len(fed.clients), others)]
-    )
+    if other_data:
+        clients = [client]
+    elif pick:
+        clients = [client, *dict.fromkeys(pick)]
+    else:
+        clients = [client, *other_clients(seed, client, len(fed.clients), others)]
+    models = [run.client_model(i) if own_models else model for i in clients]
     for i in clients:
         data = fed.clients[i]
-        keep = np.sort(_rng(seed, 1, i).permutation(len(data.test_y))[:max_points])
-        x = data.test_x[torch.as_tensor(keep, dtype=torch.long)]
-        parts.append((x, data.test_y.numpy()[keep], i == client))
+        xs, ys = (data.train_x, data.train_y) if own_models else (data.test_x, data.test_y)
+        keep = np.sort(_rng(seed, 1, i).permutation(len(ys))[:max_points])
+        parts.append((xs[torch.as_tensor(keep, dtype=torch.long)], ys.numpy()[keep], i == client))
     if other_data:
         x, y, user = other_data_windows(run, fed, other_data, max_points, data_dir)
         parts.append((torch.from_numpy(x), y, False))
-        others_said, other_label = f"{other_data} user {user}'s windows", f"{other_data} ({user})"
+        others_said, other_label = f"{other_data} user {user}'s", f"{other_data} ({user})"
+    elif pick:
+        names = ", ".join(fed.clients[i].name for i in clients[1:])
+        others_said, other_label = f"{names}'s", names
     else:
         others_said, other_label = f"{len(parts) - 1} other clients'", "other clients"
-    points = np.concatenate([embed(model, x.to(device)).cpu().numpy() for x, _, _ in parts])
+    if own_models:
+        others_said = f"{others_said} own models on their own training"
+    models += [model] * (len(parts) - len(models))  # --other-data: the client's model
+    points = np.concatenate(
+        [embed(m, x.to(device)).cpu().numpy() for m, (x, _, _) in zip(models, parts, strict=True)]
+    )
     labels = np.concatenate([y for _, y, _ in parts])
     own = np.concatenate([np.full(len(y), mine) for _, y, mine in parts])
     agreement = nearest_own_agreement(points, labels, own)
     title = (
         f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
-        f"personalized embeddings\nof its own test data ({int(own.sum())} points) and "
-        f"{others_said} ({int((~own).sum())})"
+        f"personalized embeddings\nof its own {'training' if own_models else 'test'} data "
+        f"({int(own.sum())} points) and {others_said} data ({int((~own).sum())})"
     )
     if np.isfinite(agreement):
         title += f";\nthe others' nearest own point is of their class for {100 * agreement:.0f} %"
@@ -255,9 +279,13 @@ def embedding_figure(
     max_points: int = 300,
     data_dir: str | Path | None = None,
     other_data: str | None = None,
+    pick: list[int] | None = None,
+    own_models: bool = False,
 ) -> Figure:
     """`embedding_map` drawn (`draw_embedding`)."""
-    return draw_embedding(embedding_map(run, client, others, max_points, data_dir, other_data))
+    return draw_embedding(
+        embedding_map(run, client, others, max_points, data_dir, other_data, pick, own_models)
+    )
 
 
 def prototype_figure(run: Run | str | Path) -> Figure:

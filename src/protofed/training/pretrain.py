@@ -93,10 +93,13 @@ def pooled_windows(cfg: ExperimentConfig) -> Pool:
         raise ConfigError(f"pretrain: data.name={cfg.data.name} is not a set of sensor windows")
     want = channels_of(target)
     length = target.X.shape[-1]
-    names = cfg.pretrain.datasets or [n for n in HAR_WINDOWS if n != cfg.data.name]
-    if cfg.data.name in names:
+    # the target's own sets: itself, or the members of a combined federation
+    own = list(cfg.data.members) if cfg.data.name == "har_combined" else [cfg.data.name]
+    names = cfg.pretrain.datasets or [n for n in HAR_WINDOWS if n not in own]
+    seen = [n for n in names if n in own]
+    if seen:
         raise ConfigError(
-            f"pretrain.datasets includes the target data set '{cfg.data.name}': its test "
+            f"pretrain.datasets includes the target data set '{seen[0]}': its test "
             "windows would be seen in pre-training"
         )
     xs, counts, notes = [], {}, []
