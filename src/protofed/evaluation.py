@@ -217,6 +217,19 @@ def _whole(spec: Spec) -> bool:
     return spec[1] == 0 and spec[2] is None
 
 
+@dataclass
+class _Round:
+    """What `Evaluator.evaluate` tracks over one round's clients, for its helpers: each
+    client's weights (None once scored), model and shared-body fingerprints, clients per
+    model, and the predictions kept by model."""
+
+    models: list[Arrays | None]
+    keys: list[tuple]
+    shared: list[tuple | None]
+    counts: Counter
+    predictions: dict[tuple, dict[tuple, Any]]
+
+
 class Evaluator:
     """Scores client and global models on the federated splits; built once per run."""
 
@@ -322,53 +335,35 @@ class Evaluator:
         pred = torch.cat(out, dim=1) if out else torch.empty(len(models), 0, dtype=torch.long)
         return list(pred.cpu().numpy())
 
-    def _stack_ahead(
-        self,
-        i: int,
-        spec: Spec,
-        models: list[Arrays | None],
-        keys: list[tuple],
-        shared: list[tuple | None],
-        counts: Counter,
-        predictions: dict[tuple, dict[tuple, Any]],
-    ) -> None:
+    def _stack_ahead(self, i: int, spec: Spec, r: _Round) -> None:
         """Client i's model needs the whole split `spec`: it predicts it together with the
         next clients' distinct models that need it too (up to `stacked_models`), and every
         prediction is kept for its model."""
         group: dict[tuple, Arrays] = {}
-        for j in range(i, len(models)):
+        for j in range(i, len(r.models)):
             if len(group) == self.stacked_models:
                 break
-            key, weights = keys[j], models[j]
-            if key in group or weights is None or shared[j] is not None:
+            key, weights = r.keys[j], r.models[j]
+            if key in group or weights is None or r.shared[j] is not None:
                 continue
-            if spec in predictions.get(key, {}) or spec not in self._needs(j, counts[key] > 1):
+            if spec in r.predictions.get(key, {}) or spec not in self._needs(j, r.counts[key] > 1):
                 continue
             group[key] = weights
         preds = self.predict_stacked(list(group.values()), spec[0])
         for key, pred in zip(group, preds, strict=True):
-            predictions.setdefault(key, {})[spec] = pred
+            r.predictions.setdefault(key, {})[spec] = pred
 
-    def _predict_elsewhere(
-        self,
-        predict_many: PredictMany,
-        span: range,
-        models: list[Arrays | None],
-        keys: list[tuple],
-        shared: list[tuple | None],
-        counts: Counter,
-        predictions: dict[tuple, dict[tuple, Any]],
-    ) -> None:
+    def _predict_elsewhere(self, predict_many: PredictMany, span: range, r: _Round) -> None:
         """Every model of the clients in `span` not yet predicted, and without a shared body,
         predicts all its clients need through `predict_many`."""
         jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
         for i in span:
-            weights = models[i]
-            if shared[i] is None and keys[i] not in predictions and weights is not None:
-                jobs.setdefault(keys[i], (weights, self._needs(i, counts[keys[i]] > 1)))
+            key, weights = r.keys[i], r.models[i]
+            if r.shared[i] is None and key not in r.predictions and weights is not None:
+                jobs.setdefault(key, (weights, self._needs(i, r.counts[key] > 1)))
         done = predict_many(list(jobs.values())) if jobs else []
         for key, preds in zip(jobs, done, strict=True):
-            predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
+            r.predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
 
     def _gen_scores(self, pred: np.ndarray) -> tuple[float, float]:
         """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
@@ -429,6 +424,7 @@ class Evaluator:
         self._embedded.clear()
         # model -> spec -> its labels (and ("gen_scores",) -> the model's generalization scores)
         predictions: dict[tuple, dict[tuple, Any]] = {}
+        pending = _Round(models, keys, shared, counts, predictions)  # the same objects
         # the global model is often one of the client models (FedAvg's): predicted once
         global_key = _fingerprint(global_model) if global_model is not None else None
         global_pred: np.ndarray | None = None
@@ -437,15 +433,8 @@ class Evaluator:
         gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
         for i in range(n):
             if predict_many is not None and i % PREDICT_CHUNK == 0:
-                self._predict_elsewhere(
-                    predict_many,
-                    range(i, min(i + PREDICT_CHUNK, n)),
-                    models,
-                    keys,
-                    shared,
-                    counts,
-                    predictions,
-                )
+                span = range(i, min(i + PREDICT_CHUNK, n))
+                self._predict_elsewhere(predict_many, span, pending)
             key, body = keys[i], shared[i]
             weights, models[i] = models[i], None
             assert weights is not None
@@ -455,7 +444,7 @@ class Evaluator:
             for spec in self._needs(i, counts[key] > 1):
                 if spec not in known and self.stacked_models > 1 and body is None and _whole(spec):
                     models[i] = weights  # held while its group predicts
-                    self._stack_ahead(i, spec, models, keys, shared, counts, predictions)
+                    self._stack_ahead(i, spec, pending)
                     models[i] = None
                 if spec not in known:
                     known[spec] = self.predict_on(weights, *spec, body=body)
