@@ -324,7 +324,7 @@ def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):
         np.testing.assert_array_equal(m.labels, labels)
         assert m.agreement == pytest.approx(nearest_own_agreement(points, labels, own))
         assert m.other_label == fed.clients[wisdm].name
-    assert "own models on their own training data" in m.title
+    assert "each client's own model on its own training data" in m.title
     prefix = str(tmp_path / "fig5")
     args = ["embed", str(out), "--with", str(wisdm), "--own-models", "-o", prefix, *data]
     result = runner.invoke(app, args)

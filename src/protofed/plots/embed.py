@@ -221,8 +221,6 @@ def embedding_map(
         others_said, other_label = f"{names}'s", names
     else:
         others_said, other_label = f"{len(parts) - 1} other clients'", "other clients"
-    if own_models:
-        others_said = f"{others_said} own models on their own training"
     models += [model] * (len(parts) - len(models))  # --other-data: the client's model
     points = np.concatenate(
         [embed(m, x.to(device)).cpu().numpy() for m, (x, _, _) in zip(models, parts, strict=True)]
@@ -230,11 +228,18 @@ def embedding_map(
     labels = np.concatenate([y for _, y, _ in parts])
     own = np.concatenate([np.full(len(y), mine) for _, y, mine in parts])
     agreement = nearest_own_agreement(points, labels, own)
-    title = (
-        f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
-        f"personalized embeddings\nof its own {'training' if own_models else 'test'} data "
-        f"({int(own.sum())} points) and {others_said} data ({int((~own).sum())})"
-    )
+    if own_models:
+        title = (
+            f"{run.config.algorithm.name} on {fed.dataset}: each client's own model on its own "
+            f"training data,\n{fed.clients[client].name} ({int(own.sum())} points) and "
+            f"{other_label} ({int((~own).sum())})"
+        )
+    else:
+        title = (
+            f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
+            f"personalized embeddings\nof its own test data ({int(own.sum())} points) and "
+            f"{others_said} data ({int((~own).sum())})"
+        )
     if np.isfinite(agreement):
         title += f";\nthe others' nearest own point is of their class for {100 * agreement:.0f} %"
     return EmbeddingMap(
