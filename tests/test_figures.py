@@ -333,3 +333,6 @@ def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):
     result = runner.invoke(app, ["embed", str(out), "--with", "0", *data])
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--with 0" in text, text
+    result = runner.invoke(app, ["embed", str(out), "--other-data", "wisdm", *data])  # a member
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and "the run's own data set" in text, text

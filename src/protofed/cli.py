@@ -683,7 +683,8 @@ def embed(
                 pick=with_clients,
                 own_models=own_models,
             )
-            fig, default = draw_embedding(m), f"embed_client{client}"
+            fig = draw_embedding(m)
+            default = f"embed_client{client}" + ("_own_models" if own_models else "")
             if m.agreement == m.agreement:  # not NaN: there are other points
                 said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"
         paths = save_figure(fig, out if out is not None else Path(default))

@@ -438,6 +438,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "uci_har": _SENSOR,
     "wisdm": _SENSOR,
     "hhar": _SENSOR,
+    "har_combined": _SENSOR,
     "wisdm_features": _TABLES,
     "wesad": _TABLES,
     "office_caltech": _TABLES,

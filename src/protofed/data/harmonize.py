@@ -90,6 +90,11 @@ def harmonized_windows(
     return F.interpolate(t, size=length, mode="linear", align_corners=False).numpy()
 
 
+def own_sets(name: str, members: list[str]) -> list[str]:
+    """The HAR sets a run's data come from: itself, or a combined federation's members."""
+    return list(members) if name == "har_combined" else [name]
+
+
 COMBINED_CHANNELS = ["acc_x", "acc_y", "acc_z"]
 """What every registered HAR set records: a phone's 3-axis accelerometer."""
 

@@ -75,11 +75,14 @@ STOP = threading.Event()
 
 
 def exchange(grid: Grid, messages: list[Message], timeout_s: float | None) -> list[Message]:
-    """`grid.send_and_receive` that also ends when `STOP` is set (Ctrl-C, SIGTERM).
+    """`grid.send_and_receive` that also ends when `STOP` is set (Ctrl-C, SIGTERM), and sends
+    nothing once it is.
 
     Flower runs the ServerApp in a thread of its own that waits for replies; after the main
     thread is interrupted no reply comes, and without this the process would wait forever.
     """
+    if STOP.is_set():  # asked to stop: start no client work
+        raise RunStopped("interrupted")
     ids = set(grid.push_messages(messages))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     replies: list[Message] = []
@@ -499,10 +502,15 @@ def run_simulations(
                 num_supernodes=max(loop.num_clients for loop in loops),
                 backend_config=backend,
             )
+            stopped = STOP.is_set()  # a signal during the clean-up below stops nothing
         except BaseException:  # Ctrl-C, SIGTERM: end the ServerApp thread's wait, then Ray
             STOP.set()
             raise
         finally:
+            import ray
+
+            if ray.is_initialized():  # started here, but Flower failed before its backend
+                ray.shutdown()  # (which ends Ray itself): no call can be in flight
             flwr_logger.setLevel(level)
             spawned.extend(psutil.Process().children(recursive=True))  # thread not done
             ray = [p for p in set(spawned) if p.pid != reaper.pid]
@@ -512,7 +520,7 @@ def run_simulations(
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
             psutil.wait_procs(alive, timeout=10)
-    if STOP.is_set():  # asked to stop: the session ended cleanly, the run did not finish
+    if stopped:  # asked to stop: the session ended cleanly, the runs did not finish
         raise KeyboardInterrupt
     if len(results) != len(loops):
         raise RunStopped("the Flower simulation ended early (see the log above)")

@@ -122,12 +122,13 @@ def other_data_windows(
         channels_of,
         harmonized_windows,
         missing_channels,
+        own_sets,
     )
 
     cfg = resolve_config(
         run.dir.config(), **({} if data_dir is None else {"data.dir": str(data_dir)})
     )
-    if name == cfg.data.name:
+    if name in own_sets(cfg.data.name, cfg.data.members):
         raise ConfigError(f"--other-data {name} is the run's own data set: use --other instead")
     target = load_dataset(cfg.data)
     if target.kind != "sensor" or target.X.ndim != 3:
@@ -158,7 +159,7 @@ class EmbeddingMap:
 
     xy: np.ndarray  # (N, 2)
     labels: np.ndarray  # class indices
-    own: np.ndarray  # True where the point is the client's own test data
+    own: np.ndarray  # True where the point is the client's own data (test, or training)
     class_names: list[str]
     other_label: str  # what the other points are, for the legend
     title: str
@@ -196,8 +197,8 @@ def embedding_map(
             raise ConfigError(
                 f"--with {i}: not another client (0..{len(fed.clients) - 1}, not {client})"
             )
-    if own_models and other_data:
-        raise ConfigError("--own-models takes clients of the run, not --other-data")
+    if other_data and (own_models or pick):
+        raise ConfigError("--other-data goes with neither --with nor --own-models")
     device = next(model.parameters()).device
     parts: list[tuple[torch.Tensor, np.ndarray, bool]] = []  # inputs, labels, own
     if other_data:

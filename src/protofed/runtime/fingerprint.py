@@ -32,6 +32,7 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "train.precision": "fp32",
     "eval.client_model": "received",
     "eval.f1_labels": "true",
+    "data.members": ["hhar", "wisdm"],
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
 behaviour, so those checkpoints still resume. (An unset generalization_samples keeps it only

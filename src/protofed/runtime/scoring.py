@@ -42,7 +42,9 @@ def build_evaluator(prepared: Prepared, fed: FederatedData | None = None) -> Eva
 
 
 _WORKER_EVALUATOR: tuple[int, Evaluator] | None = None
-"""A worker's own evaluator, built on its first task from its fork of the run."""
+"""A worker's own evaluator, built on its first task from its fork of the run: each worker
+holds its own copy of the test and validation unions (the pool is forked before the
+evaluator exists), e.g. 4,000 CIFAR-10 test images, about 50 MB, per worker."""
 
 
 def _predict_in_worker(

@@ -53,7 +53,13 @@ from protofed.config import DataConfig, ExperimentConfig
 from protofed.core.files import atomic_write_bytes
 from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.data import load_dataset
-from protofed.data.harmonize import HAR_WINDOWS, channels_of, harmonized_windows, missing_channels
+from protofed.data.harmonize import (
+    HAR_WINDOWS,
+    channels_of,
+    harmonized_windows,
+    missing_channels,
+    own_sets,
+)
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.transformers import DIM, FRAME, HartBlock
@@ -94,7 +100,7 @@ def pooled_windows(cfg: ExperimentConfig) -> Pool:
     want = channels_of(target)
     length = target.X.shape[-1]
     # the target's own sets: itself, or the members of a combined federation
-    own = list(cfg.data.members) if cfg.data.name == "har_combined" else [cfg.data.name]
+    own = own_sets(cfg.data.name, cfg.data.members)
     names = cfg.pretrain.datasets or [n for n in HAR_WINDOWS if n not in own]
     seen = [n for n in names if n in own]
     if seen:
