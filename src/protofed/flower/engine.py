@@ -513,9 +513,9 @@ def run_simulations(
                 ray.shutdown()  # (which ends Ray itself): no call can be in flight
             flwr_logger.setLevel(level)
             spawned.extend(psutil.Process().children(recursive=True))  # thread not done
-            ray = [p for p in set(spawned) if p.pid != reaper.pid]
+            started = [p for p in set(spawned) if p.pid != reaper.pid]
             # stopped: Flower has shut Ray down, so what is left is killed now
-            _, alive = psutil.wait_procs(ray, timeout=0 if STOP.is_set() else 30)
+            _, alive = psutil.wait_procs(started, timeout=0 if STOP.is_set() else 30)
             for proc in alive:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
