@@ -17,8 +17,8 @@ head) share its embeddings: the body runs once per split and only the heads run 
 Generalization costs (distinct client models) x (union size) predictions a round, and both
 grow with the number of clients (for models that share a body: one body pass over the union
 plus a head pass per model; a runtime with worker processes hands them whole models,
-`PREDICT_CHUNK` at a time, through `evaluate`'s `predict_many`). Distinct models of one architecture can also predict together,
-`stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
+`PREDICT_CHUNK` at a time, through `evaluate`'s `predict_many`). Distinct models of one
+architecture can also predict together, `stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
 same arithmetic in fewer, larger kernels, which pays where launching kernels costs (a GPU);
 on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d:
 benchmarks/stacked_evaluation.py), so it is off there.

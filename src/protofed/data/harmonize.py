@@ -101,7 +101,7 @@ COMBINED_CHANNELS = ["acc_x", "acc_y", "acc_z"]
 
 def combined(members: list[Dataset], channels: list[str], length: int) -> Dataset:
     """One data set of several HAR sets' windows: each user of each set a group of its own
-    ("hhar:user_a"), the activities the union of theirs by meaning (in the order first met),
+    ("hhar:user_0"), the activities the union of theirs by meaning (in the order first met),
     the windows harmonized as above. Published train/test splits are dropped: members that
     have one and members that do not would be split by different rules."""
     names: list[str] = []

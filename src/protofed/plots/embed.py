@@ -200,34 +200,33 @@ def embedding_map(
     if other_data and (own_models or pick):
         raise ConfigError("--other-data goes with neither --with nor --own-models")
     device = next(model.parameters()).device
-    parts: list[tuple[torch.Tensor, np.ndarray, bool]] = []  # inputs, labels, own
+    parts: list[tuple[torch.Tensor, np.ndarray, bool, torch.nn.Module]] = []  # (x, y, own, by)
     if other_data:
         clients = [client]
     elif pick:
         clients = [client, *dict.fromkeys(pick)]
     else:
         clients = [client, *other_clients(seed, client, len(fed.clients), others)]
-    models = [run.client_model(i) if own_models else model for i in clients]
     for i in clients:
         data = fed.clients[i]
         xs, ys = (data.train_x, data.train_y) if own_models else (data.test_x, data.test_y)
         keep = np.sort(_rng(seed, 1, i).permutation(len(ys))[:max_points])
-        parts.append((xs[torch.as_tensor(keep, dtype=torch.long)], ys.numpy()[keep], i == client))
+        by = run.client_model(i) if own_models and i != client else model
+        parts.append(
+            (xs[torch.as_tensor(keep, dtype=torch.long)], ys.numpy()[keep], i == client, by)
+        )
     if other_data:
         x, y, user = other_data_windows(run, fed, other_data, max_points, data_dir)
-        parts.append((torch.from_numpy(x), y, False))
+        parts.append((torch.from_numpy(x), y, False, model))
         others_said, other_label = f"{other_data} user {user}'s", f"{other_data} ({user})"
     elif pick:
         names = ", ".join(fed.clients[i].name for i in clients[1:])
         others_said, other_label = f"{names}'s", names
     else:
         others_said, other_label = f"{len(parts) - 1} other clients'", "other clients"
-    models += [model] * (len(parts) - len(models))  # --other-data: the client's model
-    points = np.concatenate(
-        [embed(m, x.to(device)).cpu().numpy() for m, (x, _, _) in zip(models, parts, strict=True)]
-    )
-    labels = np.concatenate([y for _, y, _ in parts])
-    own = np.concatenate([np.full(len(y), mine) for _, y, mine in parts])
+    points = np.concatenate([embed(by, x.to(device)).cpu().numpy() for x, _, _, by in parts])
+    labels = np.concatenate([y for _, y, _, _ in parts])
+    own = np.concatenate([np.full(len(y), mine) for _, y, mine, _ in parts])
     agreement = nearest_own_agreement(points, labels, own)
     if own_models:
         title = (
