@@ -132,6 +132,34 @@ def decompose(repeats: int = 7, steps: int = 200) -> None:
         times["Adam kernel alone"]
     )
     print(f"{'floor (2 + 4)':<20}{floor:>8.2f}{floor / sgd:>7.2f}x")
+    share = _kernel_share(calls["plain SGD"], steps)
+    print(f"plain SGD's step in torch's matrix and convolution kernels: {share:.0%}")
+
+
+# The ops that do a harcnn step's arithmetic; everything else is glue (pooling, ReLU, Python).
+_ARITHMETIC = (
+    "mkldnn::_linear_pointwise",
+    "aten::addmm_",
+    "aten::addmm",
+    "aten::mm",
+    "aten::mkldnn_convolution",
+    "aten::convolution_backward",
+)
+
+
+def _kernel_share(call, steps: int) -> float:
+    """Share of a step's CPU time spent inside the matrix and convolution kernels.
+
+    A floor for any step built on torch's kernels: even with the glue at zero, a step takes
+    at least this share of today's (what limits protofed's ratio to PFLlib, README)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        for _ in range(steps):
+            call()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sum(e.self_cpu_time_total for e in events if e.key in _ARITHMETIC) / total
 
 
 def main() -> None:
