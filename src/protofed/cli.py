@@ -1,4 +1,5 @@
-"""The command line: `protofed run`, `list`, `report`, `partition`, `data`, `flower`.
+"""The command line: `protofed run`, `pretrain`, `list`, `info`, `report`, `sweep`, `partition`,
+`embed`, `data`, `flower`.
 
 User errors print one line on stderr and exit with code 2; nothing is written before the
 config, the data and the model have all been validated.
