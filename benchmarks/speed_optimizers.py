@@ -16,8 +16,15 @@ same step computing every gradient as a tensor but taking no optimizer step (wha
 do before its kernel), the full Adam step, and torch's fused Adam kernel alone on warm
 tensors. Gradients alone plus the kernel alone is a floor for Adam under torch's arithmetic.
 
+`--against` asks whether the hand-written step earns its place (issue 20: prefer what
+PyTorch offers where it is as fast): one harcnn step at batch 10, one thread, for plain SGD,
+momentum 0.9 and Adam, each on the autograd-free step and on autograd (forward, backward,
+the same torch optimizer on its fused kernel), both with protofed's Linear (oneDNN) and with
+torch's (MKL), and autograd under `torch.compile` (MKL: the oneDNN op does not lower).
+
 Usage: python benchmarks/speed_optimizers.py [--rounds 3] [--repeats 3] [--data-dir ../shared/data]
        python benchmarks/speed_optimizers.py --decompose
+       python benchmarks/speed_optimizers.py --against
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from protofed.config import load_config
+import protofed.nn.linear
+from protofed.config import TrainConfig, load_config
 from protofed.models.harcnn import HARCNN
 from protofed.runtime import prepare, simulate
 from protofed.training.fused import (
@@ -39,6 +48,7 @@ from protofed.training.fused import (
     fused_step,
     sequential_layers,
 )
+from protofed.training.loop import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKS = {
@@ -162,6 +172,72 @@ def _kernel_share(call, steps: int) -> float:
     return sum(e.self_cpu_time_total for e in events if e.key in _ARITHMETIC) / total
 
 
+def against(repeats: int = 7, steps: int = 100) -> None:
+    """Milliseconds per harcnn step: the autograd-free step against autograd and torch.compile."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 9, 128, generator=gen), torch.randint(0, 6, (10,), generator=gen)
+    onednn_op = protofed.nn.linear.POINTWISE
+    recipes = {
+        "plain SGD": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.0, weight_decay=0.0),
+        "momentum 0.9": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.9, weight_decay=0.0),
+        "Adam": TrainConfig(optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0),
+    }
+
+    def fused(train: TrainConfig, onednn: bool):
+        torch.manual_seed(0)
+        model = HARCNN(9, 128, 6)
+        layers, kernels = sequential_layers(model), Kernels()
+        kernels.onednn = onednn
+        if train.momentum == 0 and train.optimizer == "sgd":
+            update = SGDInPlace(kernels, train.lr)
+        else:
+            update = OptimizerStep(kernels, make_optimizer(model.parameters(), train))
+        return lambda: fused_step(layers, x, y, update)
+
+    def autograd(train: TrainConfig, onednn: bool, compiled: bool = False):
+        torch.manual_seed(0)
+        model = HARCNN(9, 128, 6)
+        opt = make_optimizer(model.parameters(), train)
+
+        def step():
+            protofed.nn.linear.POINTWISE = onednn_op if onednn else None  # MKL: torch's path
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        return torch.compile(step) if compiled else step
+
+    print(f"harcnn, batch 10, one thread: ms per step (median of {repeats} x {steps})")
+    head = ["fused oneDNN", "fused MKL", "autograd oneDNN", "autograd MKL", "compile MKL"]
+    print(f"{'':<14}" + "".join(f"{h:>17}" for h in head))
+    try:
+        for name, train in recipes.items():
+            calls = [
+                fused(train, True),
+                fused(train, False),
+                autograd(train, True),
+                autograd(train, False),
+                autograd(train, False, compiled=True),
+            ]
+            calls[-1]()  # compiles
+            times: list[list[float]] = [[] for _ in calls]
+            for _ in range(repeats):
+                for call, out in zip(calls, times, strict=True):
+                    for _ in range(10):
+                        call()
+                    t = time.perf_counter()
+                    for _ in range(steps):
+                        call()
+                    out.append((time.perf_counter() - t) / steps * 1e3)
+            row = "".join(f"{statistics.median(t):>17.2f}" for t in times)
+            print(f"{name:<14}{row}", flush=True)
+    finally:
+        protofed.nn.linear.POINTWISE = onednn_op
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -169,9 +245,13 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--only", choices=sorted(WORKS), default=None)
     ap.add_argument("--decompose", action="store_true", help="one harcnn step, taken apart")
+    ap.add_argument("--against", action="store_true", help="fused against autograd, compile")
     args = ap.parse_args()
     if args.decompose:
         decompose()
+        return
+    if args.against:
+        against()
         return
     for work, (path, base, lr) in WORKS.items():
         if args.only and work != args.only:

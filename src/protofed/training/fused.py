@@ -18,6 +18,14 @@ trained, no per-step hook, float32 on the CPU (`train.precision=fp32`: bf16 take
 loop), and a model whose `features` is an `nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) /
 AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d and harcnn are). Anything else takes the autograd loop. Tests check that both give the
 same weights to fp32 rounding for every optimizer.
+
+What it wins (`python benchmarks/speed_optimizers.py --against`, harcnn at batch 10, one
+thread, ms a step, 2026-11-26, AMD EPYC with AVX2, nothing else running): against autograd
+with the same kernels and the same torch optimizer, plain SGD 11.16 against 14.03 (1.26x),
+momentum 14.00 against 14.72 (1.05x), Adam 15.93 against 16.33 (1.03x); with MKL's kernels
+10.09 / 12.78 / 14.28 against 12.39 / 12.91 / 15.35. `torch.compile` of the autograd step was
+slower than plain autograd for all three (13.57, 13.43, 16.51), so it is not used. For
+momentum and Adam the gain is small: their time is the optimizer's kernel, the same either way.
 """
 
 from __future__ import annotations
