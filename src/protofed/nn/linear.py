@@ -5,7 +5,7 @@ Federated clients train on small batches, so a Linear layer's matrix products ar
 fraction of the CPU's speed on the AMD machine this was written on (2026-11-22); oneDNN's
 kernels (the ones torch's own compiler uses) were 2-3x faster there, but only
 single-threaded. The gain depends on the machine: on 2026-11-26's (AMD EPYC under KVM) MKL
-was as fast, and a whole autograd-free step 4-8 % faster with MKL (harcnn at batch 10, cnn1d
+was as fast, and a whole autograd-free step 4-11 % faster with MKL (harcnn at batch 10, cnn1d
 at 32), so oneDNN stays, as the better worst case. Worker processes train with one
 thread each (`train.workers`), so there this layer computes the same products through oneDNN,
 forward and backward. Everywhere else (several threads, GPU, other dtypes, CPU autocast, i.e.
