@@ -132,6 +132,22 @@ def print_summary(summary: dict, run_dir: Path | None = None) -> None:
         console.print(f"run directory: {run_dir}", highlight=False)
 
 
+def _progress_bar(show: bool) -> Progress:
+    """The rounds' (or epochs') bar on stderr, with the status field a callback fills."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=err_console,
+        disable=not show,
+        transient=False,
+    )
+
+
 @app.command()
 def run(
     config: Annotated[
@@ -202,18 +218,7 @@ def run(
         show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
         lines = sys.stderr if not quiet and not show else None  # a log file: plain lines
         with (
-            Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[status]}"),
-                console=err_console,
-                disable=not show,
-                transient=False,
-            ) as bar,
+            _progress_bar(show) as bar,
             Tracking(out, total, loop.progress.server_round, logs, lines) as tracking,
             terminate_as_interrupt(),
         ):
@@ -271,18 +276,7 @@ def pretrain(
         err_console.print(job.describe(), highlight=False, soft_wrap=True)
         show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
         with (
-            Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[status]}"),
-                console=err_console,
-                disable=not show,
-                transient=False,
-            ) as bar,
+            _progress_bar(show) as bar,
             terminate_as_interrupt(),
         ):
             task = bar.add_task("pretrain", total=cfg.pretrain.epochs, status="")
