@@ -14,12 +14,14 @@ the weights in place, and the fused kernel already does that in one pass.
 `--decompose` shows why, one harcnn step at batch 10 on one thread: plain SGD's step, the
 same step computing every gradient as a tensor but taking no optimizer step (what Adam must
 do before its kernel), the full Adam step, and torch's fused Adam kernel alone on warm
-tensors. Gradients alone plus the kernel alone is a floor for Adam under torch's arithmetic.
+tensors, with this machine's default kernels (protofed.nn.linear). Gradients alone plus the
+kernel alone is a floor for Adam's step under torch's arithmetic on those kernels.
 
 `--against` asks whether the hand-written step earns its place (issue 20: prefer what
 PyTorch offers where it is as fast): one harcnn step at batch 10, one thread, for plain SGD,
 momentum 0.9 and Adam, each on the autograd-free step and on autograd (forward, backward,
-the same torch optimizer on its fused kernel), both with protofed's Linear (oneDNN) and with
+`make_optimizer`'s optimizer: fused kernels for momentum and Adam, foreach for plain SGD,
+which the autograd-free step applies in place instead), both on oneDNN's products and on
 torch's (MKL), and autograd under `torch.compile` (MKL: the oneDNN op does not lower).
 
 Usage: python benchmarks/speed_optimizers.py [--rounds 3] [--repeats 3] [--data-dir ../shared/data]
@@ -48,7 +50,7 @@ from protofed.training.fused import (
     fused_step,
     sequential_layers,
 )
-from protofed.training.loop import make_optimizer
+from protofed.training.loop import make_optimizer, plain_sgd
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKS = {
@@ -141,9 +143,12 @@ def decompose(repeats: int = 7, steps: int = 200) -> None:
     floor = statistics.median(times["gradients only"]) + statistics.median(
         times["Adam kernel alone"]
     )
-    print(f"{'floor (2 + 4)':<20}{floor:>8.2f}{floor / sgd:>7.2f}x")
-    share = _kernel_share(calls["plain SGD"], steps)
-    print(f"plain SGD's step in torch's matrix and convolution kernels: {share:.0%}")
+    print(f"{'gradients + kernel':<20}{floor:>8.2f}{floor / sgd:>7.2f}x")
+    kernels_ms = _kernel_ms(calls["plain SGD"], steps)
+    print(
+        f"plain SGD's step: {kernels_ms:.2f} ms in torch's matrix and convolution kernels, "
+        f"{kernels_ms / sgd:.0%} of its {sgd:.2f} ms"
+    )
 
 
 # The ops that do a harcnn step's arithmetic; everything else is glue (pooling, ReLU, Python).
@@ -157,19 +162,18 @@ _ARITHMETIC = (
 )
 
 
-def _kernel_share(call, steps: int) -> float:
-    """Share of a step's CPU time spent inside the matrix and convolution kernels.
+def _kernel_ms(call, steps: int) -> float:
+    """Milliseconds a step spends inside the matrix and convolution kernels (profiled).
 
-    A floor for any step built on torch's kernels: even with the glue at zero, a step takes
-    at least this share of today's (what limits protofed's ratio to PFLlib, README)."""
+    With this kernel choice, a step takes at least this long even with the glue (pooling,
+    ReLU, Python) at zero: over the unprofiled step time, the most a leaner step could gain."""
     from torch.profiler import profile
 
     with profile() as prof:
         for _ in range(steps):
             call()
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    return sum(e.self_cpu_time_total for e in events if e.key in _ARITHMETIC) / total
+    return sum(e.self_cpu_time_total for e in events if e.key in _ARITHMETIC) / 1e3 / steps
 
 
 def against(repeats: int = 7, steps: int = 100) -> None:
@@ -177,7 +181,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(10, 9, 128, generator=gen), torch.randint(0, 6, (10,), generator=gen)
-    onednn_op = protofed.nn.linear.POINTWISE
+    default = protofed.nn.linear.USE_ONEDNN
     recipes = {
         "plain SGD": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.0, weight_decay=0.0),
         "momentum 0.9": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.9, weight_decay=0.0),
@@ -189,7 +193,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
         model = HARCNN(9, 128, 6)
         layers, kernels = sequential_layers(model), Kernels()
         kernels.onednn = onednn
-        if train.momentum == 0 and train.optimizer == "sgd":
+        if plain_sgd(train):
             update = SGDInPlace(kernels, train.lr)
         else:
             update = OptimizerStep(kernels, make_optimizer(model.parameters(), train))
@@ -201,7 +205,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
         opt = make_optimizer(model.parameters(), train)
 
         def step():
-            protofed.nn.linear.POINTWISE = onednn_op if onednn else None  # MKL: torch's path
+            protofed.nn.linear.USE_ONEDNN = onednn  # False: torch's path (MKL)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
@@ -215,6 +219,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
     print(f"{'':<14}" + "".join(f"{h:>17}" for h in head))
     try:
         for name, train in recipes.items():
+            torch._dynamo.reset()  # each recipe's compile starts afresh (no recompile limit)
             calls = [
                 fused(train, True),
                 fused(train, False),
@@ -235,7 +240,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
             row = "".join(f"{statistics.median(t):>17.2f}" for t in times)
             print(f"{name:<14}{row}", flush=True)
     finally:
-        protofed.nn.linear.POINTWISE = onednn_op
+        protofed.nn.linear.USE_ONEDNN = default
 
 
 def main() -> None:
@@ -244,8 +249,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--only", choices=sorted(WORKS), default=None)
-    ap.add_argument("--decompose", action="store_true", help="one harcnn step, taken apart")
-    ap.add_argument("--against", action="store_true", help="fused against autograd, compile")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--decompose", action="store_true", help="one harcnn step, taken apart")
+    mode.add_argument("--against", action="store_true", help="fused against autograd, compile")
     args = ap.parse_args()
     if args.decompose:
         decompose()

@@ -9,7 +9,8 @@ import torch
 
 from protofed.config import ModelConfig, TrainConfig
 from protofed.models import build_model
-from protofed.training.fused import sequential_layers
+from protofed.nn import linear
+from protofed.training.fused import Kernels, sequential_layers
 from protofed.training.loop import _fused_layers, cross_entropy, make_optimizer, train_epochs
 
 
@@ -23,8 +24,13 @@ from protofed.training.loop import _fused_layers, cross_entropy, make_optimizer,
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_sgd_equals_autograd(name, shape, hidden, threads):
+@pytest.mark.parametrize("onednn", [False, True], ids=["torch", "onednn"])
+def test_fused_sgd_equals_autograd(name, shape, hidden, threads, onednn, monkeypatch):
+    if onednn and linear.POINTWISE is None:
+        pytest.skip("this torch build has no oneDNN linear op")
+    monkeypatch.setattr(linear, "USE_ONEDNN", onednn)  # both kernels, whichever this CPU picks
     torch.set_num_threads(threads)
+    assert Kernels().onednn == (onednn and threads == 1)
     torch.manual_seed(0)
     cfg = ModelConfig(name=name, **({"hidden": hidden} if hidden else {}))
     model = build_model(cfg, shape, 6)

@@ -6,8 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protofed.nn import Linear
-from protofed.nn.linear import matmul_nt, onednn_applies
+from protofed.nn import Linear, linear
+from protofed.nn.linear import POINTWISE, matmul_nt, onednn_applies
+
+# Both kernels, whichever this CPU picks by default (oneDNN needs the op in the torch build).
+KERNELS = [False, True] if POINTWISE is not None else [False]
+
+
+@pytest.fixture(params=KERNELS, ids=lambda on: "onednn" if on else "torch")
+def kernel(request, monkeypatch):
+    monkeypatch.setattr(linear, "USE_ONEDNN", request.param)
+    return request.param
 
 
 @pytest.fixture
@@ -21,11 +30,11 @@ def one_thread():
 @pytest.mark.parametrize(
     ("batch", "fan_in", "fan_out"), [(10, 1664, 1024), (10, 512, 6), (3, 7, 5)]
 )
-def test_fast_path_matches_f_linear(one_thread, batch, fan_in, fan_out):
+def test_fast_path_matches_f_linear(one_thread, kernel, batch, fan_in, fan_out):
     torch.manual_seed(0)
     layer = Linear(fan_in, fan_out)
     x = torch.randn(batch, fan_in, requires_grad=True)
-    assert onednn_applies(x, layer.weight) == (torch.ops.mkldnn._linear_pointwise is not None)
+    assert onednn_applies(x, layer.weight) == kernel
     out = layer(x)
     grad = torch.randn_like(out)
     out.backward(grad)
@@ -42,7 +51,7 @@ def test_same_state_dict_as_nn_linear():
     assert list(Linear(4, 3).state_dict()) == list(torch.nn.Linear(4, 3).state_dict())
 
 
-def test_no_bias_and_frozen_weight(one_thread):
+def test_no_bias_and_frozen_weight(one_thread, kernel):
     layer = Linear(8, 4, bias=False)
     layer.weight.requires_grad_(False)
     x = torch.randn(5, 8, requires_grad=True)
@@ -52,7 +61,7 @@ def test_no_bias_and_frozen_weight(one_thread):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matmul_nt_is_a_times_b_transposed(threads):
+def test_matmul_nt_is_a_times_b_transposed(threads, kernel):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

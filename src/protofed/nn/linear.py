@@ -1,25 +1,40 @@
-"""`Linear`: nn.Linear with oneDNN kernels on single-threaded CPU training.
+"""`Linear`: nn.Linear with oneDNN kernels on single-threaded CPU training, where they win.
 
 Federated clients train on small batches, so a Linear layer's matrix products are skinny
-(10 x 1664 times 1664 x 1024). PyTorch sends them to MKL, which ran such shapes at a
-fraction of the CPU's speed on the AMD machine this was written on (2026-11-22); oneDNN's
-kernels (the ones torch's own compiler uses) were 2-3x faster there, but only
-single-threaded. The gain depends on the machine: on 2026-11-26's (AMD EPYC under KVM) MKL
-was as fast, and a whole autograd-free step 4-11 % faster with MKL (harcnn at batch 10, cnn1d
-at 32), so oneDNN stays, as the better worst case. Worker processes train with one
-thread each (`train.workers`), so there this layer computes the same products through oneDNN,
-forward and backward. Everywhere else (several threads, GPU, other dtypes, CPU autocast, i.e.
-`train.precision=bf16`, or a torch build without the op) it is exactly nn.Linear. The numbers agree with F.linear to fp32 rounding
-(a test checks outputs and gradients).
+(10 x 1664 times 1664 x 1024). PyTorch sends them to MKL. Which is faster depends on the CPU:
+- on the AVX-512 machine this was written on (2026-11-22/23, an AMD EPYC whose MKL path does
+  not use AVX-512), oneDNN's kernels (the ones torch's own compiler uses) ran these shapes
+  2-3x faster than MKL, and FedAli's 4096 x 192 x 512 cosine products 2.4x faster;
+- on an AVX2-only AMD EPYC (2026-11-26) MKL was as fast on the large products and a whole
+  autograd-free harcnn step 10 % faster with MKL's (`benchmarks/speed_optimizers.py --against`).
+So oneDNN is used where torch reports AVX-512 (`USE_ONEDNN`; `PROTOFED_ONEDNN=1` or `=0`
+forces it either way, for benchmarks), only single-threaded: worker processes train with
+one thread each (`train.workers`), so there this layer computes the same products through
+oneDNN, forward and backward. Everywhere else (several threads, GPU, other dtypes, CPU
+autocast, i.e. `train.precision=bf16`, or a torch build without the op) it is exactly
+nn.Linear. The numbers agree with F.linear to fp32 rounding (a test checks outputs and
+gradients on both paths).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 POINTWISE = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+
+
+def _onednn_wins_here() -> bool:
+    forced = os.environ.get("PROTOFED_ONEDNN", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+USE_ONEDNN = POINTWISE is not None and _onednn_wins_here()
 _MKL_WEIGHT_GRAD_FROM = 2**21  # MKL's outer product wins for the largest weight gradients
 
 
@@ -54,6 +69,7 @@ def _onednn_operands(*tensors: torch.Tensor) -> bool:
     autocast (the op is not on autocast's lists: it would silently stay fp32)."""
     return (
         POINTWISE is not None
+        and USE_ONEDNN
         and torch.get_num_threads() == 1
         and not torch.is_autocast_enabled("cpu")
         and all(
@@ -67,8 +83,8 @@ def onednn_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b.T for 2-D float32 CPU operands outside autograd: oneDNN when single-threaded
-    (2.4x faster than MKL for FedAli's 4096 x 192 x 512 cosine products), else torch."""
+    """a @ b.T for 2-D float32 CPU operands outside autograd: oneDNN where it wins (see the
+    module's docstring: 2.4x on AVX-512 for FedAli's cosine products, a tie on AVX2)."""
     in_autograd = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if _onednn_operands(a, b) and not in_autograd:
         return _onednn_linear(a.contiguous(), b.contiguous(), None)

@@ -20,12 +20,14 @@ AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d and harcnn are). Anything el
 same weights to fp32 rounding for every optimizer.
 
 What it wins (`python benchmarks/speed_optimizers.py --against`, harcnn at batch 10, one
-thread, ms a step, 2026-11-26, AMD EPYC with AVX2, nothing else running): against autograd
-with the same kernels and the same torch optimizer, plain SGD 11.16 against 14.03 (1.26x),
-momentum 14.00 against 14.72 (1.05x), Adam 15.93 against 16.33 (1.03x); with MKL's kernels
-10.09 / 12.78 / 14.28 against 12.39 / 12.91 / 15.35. `torch.compile` of the autograd step was
-slower than plain autograd for all three (13.57, 13.43, 16.51), so it is not used. For
-momentum and Adam the gain is small: their time is the optimizer's kernel, the same either way.
+thread, ms a step, 2026-11-26, an AVX2 AMD EPYC, nothing else running, two sittings): plain
+SGD 10.09-10.15 against autograd's 12.39-12.75 on the same (MKL) products, 1.23-1.26x, as its
+updates need no gradient buffers. For momentum and Adam it ties with autograd plus the same
+fused optimizer kernel (13.28 against 13.03, 13.89 against 13.75; the other sitting 12.78
+against 12.91, 14.28 against 15.35): their extra time is that kernel either way, and the path
+is kept for them because it never loses by more than noise. `torch.compile` of the autograd
+step was slower than plain autograd in every case (e.g. 13.44 against 12.75 for plain SGD),
+so it is not used.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from protofed.nn import linear
 from protofed.nn.linear import POINTWISE
 
 # From this many weights on, `W.addmm_(-lr * dY^T X)` beats oneDNN's dW followed by `W -= lr dW`:
@@ -88,10 +91,10 @@ def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
 
 
 class Kernels:
-    """Matrix products: oneDNN when single-threaded (see protofed.nn.linear), else aten."""
+    """Matrix products: oneDNN where it wins, single-threaded (see protofed.nn.linear), else aten."""
 
     def __init__(self) -> None:
-        self.onednn = POINTWISE is not None and torch.get_num_threads() == 1
+        self.onednn = POINTWISE is not None and linear.USE_ONEDNN and torch.get_num_threads() == 1
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.onednn:
