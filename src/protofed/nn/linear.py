@@ -2,13 +2,15 @@
 
 Federated clients train on small batches, so a Linear layer's matrix products are skinny
 (10 x 1664 times 1664 x 1024). PyTorch sends them to MKL. Which is faster depends on the CPU:
-- on the AVX-512 machine this was written on (2026-11-22/23, an AMD EPYC whose MKL path does
-  not use AVX-512), oneDNN's kernels (the ones torch's own compiler uses) ran these shapes
-  2-3x faster than MKL, and FedAli's 4096 x 192 x 512 cosine products 2.4x faster;
+- on the machine this was written on (2026-11-22/23, an AMD EPYC that had AVX-512: the
+  notes of that day count on its AVX512-BF16), oneDNN's kernels (the ones torch's own
+  compiler uses) ran these shapes 2-3x faster than MKL, and FedAli's 4096 x 192 x 512 cosine
+  products 2.4x faster;
 - on an AVX2-only AMD EPYC (2026-11-26) MKL was as fast on the large products and a whole
   autograd-free harcnn step 10 % faster with MKL's (`benchmarks/speed_optimizers.py --against`).
-So oneDNN is used where torch reports AVX-512 (`USE_ONEDNN`; `PROTOFED_ONEDNN=1` or `=0`
-forces it either way, for benchmarks), only single-threaded: worker processes train with
+So oneDNN is used where torch reports AVX-512 (`USE_ONEDNN`, a rule read off those two
+machines; `PROTOFED_ONEDNN=1` or `=0` forces either, to measure a new one), only
+single-threaded: worker processes train with
 one thread each (`train.workers`), so there this layer computes the same products through
 oneDNN, forward and backward. Everywhere else (several threads, GPU, other dtypes, CPU
 autocast, i.e. `train.precision=bf16`, or a torch build without the op) it is exactly
