@@ -37,6 +37,13 @@ def _onednn_wins_here() -> bool:
 
 
 USE_ONEDNN = POINTWISE is not None and _onednn_wins_here()
+
+
+def onednn_in_use() -> bool:
+    """oneDNN's kernel is there, wins on this CPU and the process runs one intra-op thread."""
+    return POINTWISE is not None and USE_ONEDNN and torch.get_num_threads() == 1
+
+
 _MKL_WEIGHT_GRAD_FROM = 2**21  # MKL's outer product wins for the largest weight gradients
 
 
@@ -70,9 +77,7 @@ def _onednn_operands(*tensors: torch.Tensor) -> bool:
     """oneDNN's kernel is there and wins: 2-D float32 CPU operands, one thread, and no CPU
     autocast (the op is not on autocast's lists: it would silently stay fp32)."""
     return (
-        POINTWISE is not None
-        and USE_ONEDNN
-        and torch.get_num_threads() == 1
+        onednn_in_use()
         and not torch.is_autocast_enabled("cpu")
         and all(
             t.dim() == 2 and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors

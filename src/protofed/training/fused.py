@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.nn import linear
-from protofed.nn.linear import POINTWISE
+from protofed.nn.linear import POINTWISE, onednn_in_use
 
 # From this many weights on, `W.addmm_(-lr * dY^T X)` beats oneDNN's dW followed by `W -= lr dW`:
 # it never writes dW, and for harcnn's 1024 x 1664 layer that traffic is what two workers
@@ -94,7 +93,7 @@ class Kernels:
     """Matrix products: oneDNN where it wins, single-threaded (see protofed.nn.linear), else aten."""
 
     def __init__(self) -> None:
-        self.onednn = POINTWISE is not None and linear.USE_ONEDNN and torch.get_num_threads() == 1
+        self.onednn = onednn_in_use()
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.onednn:
