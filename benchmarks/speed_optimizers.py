@@ -98,6 +98,21 @@ def train_s_per_round(path: str | None, overrides: list[str], rounds: int, data_
     return statistics.median(times)
 
 
+def _interleaved_ms(calls, repeats: int, steps: int, warmup: int = 20) -> list[list[float]]:
+    """Milliseconds per call of each of `calls`, one sample per repeat, the calls taken in
+    turn within each repeat so that the machine's drift hits them all alike."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, out in zip(calls, times, strict=True):
+            for _ in range(warmup):
+                call()
+            t = time.perf_counter()
+            for _ in range(steps):
+                call()
+            out.append((time.perf_counter() - t) / steps * 1e3)
+    return times
+
+
 class _GradientsOnly(OptimizerStep):
     """Adam's step without the optimizer's kernel: every gradient made as a tensor."""
 
@@ -126,15 +141,7 @@ def decompose(repeats: int = 7, steps: int = 200) -> None:
 
     kinds = ["plain SGD", "gradients only", "Adam", "Adam kernel alone"]
     calls = {k: setup(k) for k in kinds}
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(repeats):
-        for kind, call in calls.items():
-            for _ in range(20):
-                call()
-            t = time.perf_counter()
-            for _ in range(steps):
-                call()
-            times[kind].append((time.perf_counter() - t) / steps * 1e3)
+    times = dict(zip(kinds, _interleaved_ms(list(calls.values()), repeats, steps), strict=True))
     sgd = statistics.median(times["plain SGD"])
     print(f"harcnn, batch 10, one thread: ms per step (median of {repeats} x {steps})")
     for kind in kinds:
@@ -228,15 +235,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
                 autograd(train, False, compiled=True),
             ]
             calls[-1]()  # compiles
-            times: list[list[float]] = [[] for _ in calls]
-            for _ in range(repeats):
-                for call, out in zip(calls, times, strict=True):
-                    for _ in range(10):
-                        call()
-                    t = time.perf_counter()
-                    for _ in range(steps):
-                        call()
-                    out.append((time.perf_counter() - t) / steps * 1e3)
+            times = _interleaved_ms(calls, repeats, steps, warmup=10)
             row = "".join(f"{statistics.median(t):>17.2f}" for t in times)
             print(f"{name:<14}{row}", flush=True)
     finally:
