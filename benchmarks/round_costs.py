@@ -17,8 +17,11 @@ one thread, as each worker has) measured in the same process x the run's workers
 of 1 would be training at the speed of a large matmul; small models and batches stay far
 from it, and that distance is what a faster engine could still win.
 
+On `--device cuda` the run trains in one process and the peak is the GPU's float32 matmul
+(8192 x 8192; TF32 off, torch's default).
+
 Usage: python benchmarks/round_costs.py [--rounds 3] [--data-dir ../shared/data] [--only fedavg,...]
-       [--out benchmarks/out/round_costs.json]
+       [--device cuda] [--out benchmarks/out/round_costs.json]
 Writes benchmarks/out/round_costs.json and prints a Markdown table.
 """
 
@@ -61,8 +64,20 @@ RECIPES: dict[str, tuple[Path, dict, int | None]] = {
 }
 
 
-def peak_flops(size: int = 2048, repeats: int = 5) -> float:
-    """Single-thread float32 matmul FLOP/s, the best of `repeats`."""
+def peak_flops(size: int = 2048, repeats: int = 5, device: str = "cpu") -> float:
+    """Float32 matmul FLOP/s, the best of `repeats`: one thread on the CPU, the whole GPU on cuda."""
+    if device != "cpu":
+        size *= 4  # a GPU needs a large product to reach its peak
+        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+        a @ b
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return 2 * size**3 / best
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -93,7 +108,7 @@ def flops_per_sample(cfg) -> tuple[float, int]:
     return counter.get_total_flops() / batch, samples * cfg.train.local_epochs
 
 
-def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
+def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "cpu") -> dict:
     config, overrides, passes = RECIPES[name]
     settings = {
         **overrides,
@@ -102,6 +117,7 @@ def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
         "train.threads": 1,
         "eval.every": 1,
         "data.dir": data_dir,
+        "train.device": device,
     }
     cfg = resolve_config(str(config), **settings)
     every = resolve_config(str(config)).eval.every  # the recipe's own, for rounds per hour
@@ -116,9 +132,11 @@ def measure(name: str, rounds: int, data_dir: str, workers: int) -> dict:
         for key in ("train_s", "aggregate_s", "eval_s")
     }
     round_flops = per_sample * samples * passes if passes else float("nan")
-    peak = peak_flops() * workers
+    # a GPU run trains in one process (train.workers is ignored there)
+    peak = peak_flops() * workers if device == "cpu" else peak_flops(device=device)
     return {
         "algorithm": name,
+        "device": device,
         "model": cfg.model.name,
         "optimizer": cfg.train.optimizer,
         "local_epochs": cfg.train.local_epochs,
@@ -158,13 +176,19 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default=",".join(RECIPES))
+    parser.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "round_costs.json"))
     args = parser.parse_args()
     rows = [
-        measure(name, args.rounds, args.data_dir, args.workers) for name in args.only.split(",")
+        measure(name, args.rounds, args.data_dir, args.workers, args.device)
+        for name in args.only.split(",")
     ]
     result = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "gpu": torch.cuda.get_device_name() if args.device != "cpu" else None,
+            "torch": torch.__version__,
+        },
         "workers": args.workers,
         "rows": rows,
     }

@@ -12,8 +12,11 @@ Two works on UCI-HAR natural clients, FedAvg, one process with one thread (`trai
 Scores are the last round's (evaluated once, at the end): global accuracy and macro F1, and
 the mean personalization F1.
 
+On `--device cuda` bf16 autocasts on the GPU (the fused step is CPU-only, so fp32 and
+fp32_autograd are the same loop there).
+
 Usage: python benchmarks/speed_precision.py [--rounds 3] [--repeats 2] [--data-dir ../shared/data]
-       [--only pfllib_harcnn_b10|hart_fedavg]
+       [--only pfllib_harcnn_b10|hart_fedavg] [--device cuda]
 """
 
 from __future__ import annotations
@@ -63,13 +66,16 @@ WORKS = {
 }
 
 
-def measure(path: str | None, overrides: list[str], rounds: int, data_dir: str) -> dict:
+def measure(
+    path: str | None, overrides: list[str], rounds: int, data_dir: str, device: str = "cpu"
+) -> dict:
     cfg = load_config(
         path,
         [
             *overrides,
             f"train.rounds={rounds}",
             f"data.dir={data_dir}",
+            f"train.device={device}",
             "train.threads=1",
             "train.workers=1",
             f"eval.every={rounds}",
@@ -101,6 +107,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--only", choices=sorted(WORKS), default=None)
+    ap.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
     args = ap.parse_args()
     for work, (path, base, variants) in WORKS.items():
         if args.only and work != args.only:
@@ -109,13 +116,13 @@ def main() -> None:
         t0 = time.perf_counter()
         for _ in range(args.repeats):
             for name, extra in variants.items():
-                res = measure(path, [*base, *extra], args.rounds, args.data_dir)
+                res = measure(path, [*base, *extra], args.rounds, args.data_dir, args.device)
                 runs[name].append(res)
                 print(f"  {work} {name}: {res}", flush=True)
         took = time.perf_counter() - t0
         ref = statistics.median(r["train_s"] for r in runs["fp32"])
         print(f"\n{work}  (train s/round: median over {args.repeats} interleaved repeats of the")
-        print(f"median of {args.rounds} rounds; threads=1, workers=1; {took:.0f} s)")
+        print(f"median of {args.rounds} rounds; {args.device}, threads=1, workers=1; {took:.0f} s)")
         print(
             f"{'precision':<15}{'s/round':>9}{'x fp32':>8}{'eval s':>8}"
             f"{'glob acc':>10}{'glob F1':>9}{'pers F1':>9}"
