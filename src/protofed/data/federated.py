@@ -67,7 +67,7 @@ class FederatedData:
         return {
             s: np.stack(
                 [
-                    np.bincount(getattr(c, f"{s}_y").numpy(), minlength=self.num_classes)
+                    np.bincount(getattr(c, f"{s}_y").cpu().numpy(), minlength=self.num_classes)
                     for c in self.clients
                 ]
             ).astype(np.int64)
