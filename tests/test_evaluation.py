@@ -398,7 +398,7 @@ def test_stacked_models_predict_as_each_model_alone(name):
     assert calls and max(calls) == 3 and sum(calls) >= 4  # 4 distinct models on the union
 
 
-def test_stacking_is_off_on_the_cpu_by_default_and_for_batch_dependent_models():
+def test_stacking_is_off_by_default_and_for_batch_dependent_models():
     from protofed.config import ModelConfig
     from protofed.evaluation import Evaluator
     from protofed.models import build_model

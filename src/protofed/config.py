@@ -232,8 +232,8 @@ class EvalConfig(_Section):
         None,
         ge=1,
         description="Distinct client models that predict a whole split together, in one "
-        "torch.func.vmap pass per batch; 1: one at a time; None: 16 on a GPU, 1 on the CPU "
-        "(where stacking measured slower).",
+        "torch.func.vmap pass per batch; 1 or None: one at a time (stacking measured slower "
+        "on the CPU and no faster on a GPU).",
     )
     keep_prototypes_every: int = Field(
         0,

@@ -19,9 +19,10 @@ grow with the number of clients (for models that share a body: one body pass ove
 plus a head pass per model; a runtime with worker processes hands them whole models,
 `PREDICT_CHUNK` at a time, through `evaluate`'s `predict_many`). Distinct models of one
 architecture can also predict together, `stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
-same arithmetic in fewer, larger kernels, which pays where launching kernels costs (a GPU);
-on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d:
-benchmarks/stacked_evaluation.py), so it is off there.
+same arithmetic in fewer, larger kernels, meant for where launching kernels costs (a GPU).
+It is opt-in: on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d), and
+on a warm H200 it tied with one model at a time on cnn1d's 30 models (0.17 against 0.15 s;
+benchmarks/stacked_evaluation.py, docs/results/gpu.md).
 `eval.generalization_samples` scores it on a fixed class-stratified sample of the union
 instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
 Personalization and the global score always use the whole splits.
@@ -209,10 +210,6 @@ def _is_body(name: str) -> bool:
     return name.startswith("features.")
 
 
-STACKED_ON_GPU = 16
-"""Models per vmapped pass on a GPU when eval.stacked_models is unset (1 on the CPU)."""
-
-
 def _whole(spec: Spec) -> bool:
     return spec[1] == 0 and spec[2] is None
 
@@ -247,9 +244,9 @@ class Evaluator:
     ) -> None:
         """`generalization_samples` and `seed`: the union's sample generalization is scored
         on (`generalization_size`), the same every round and every run with this seed.
-        `stacked_models`: distinct models predicting a whole split together (None: 16 on a
-        GPU, 1 on the CPU); models whose forward is not head(features(x)) or depends on the
-        batch predict one at a time."""
+        `stacked_models`: distinct models predicting a whole split together (None: 1, one at
+        a time: stacking measured no faster on either device); models whose forward is not
+        head(features(x)) or depends on the batch predict one at a time."""
         self.fed = fed
         self.model = model
         self.batch_size = batch_size
@@ -266,10 +263,7 @@ class Evaluator:
             and not model.batch_dependent
         )
         self.share_bodies = plain
-        device = next(model.parameters()).device
-        if stacked_models is None:
-            stacked_models = STACKED_ON_GPU if device.type == "cuda" else 1
-        self.stacked_models = stacked_models if plain else 1
+        self.stacked_models = (stacked_models or 1) if plain else 1
         self._embedded: dict[tuple, torch.Tensor] = {}
         union = len(self.test.y)
         self.gen_size = generalization_size(generalization_samples, union)
