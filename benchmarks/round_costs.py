@@ -18,7 +18,7 @@ of 1 would be training at the speed of a large matmul; small models and batches 
 from it, and that distance is what a faster engine could still win.
 
 On `--device cuda` the run trains in one process and the peak is the GPU's float32 matmul
-(8192 x 8192; TF32 off, torch's default).
+(8192 x 8192, TF32 off).
 
 Usage: python benchmarks/round_costs.py [--rounds 3] [--data-dir ../shared/data] [--only fedavg,...]
        [--device cuda] [--out benchmarks/out/round_costs.json]
@@ -69,15 +69,19 @@ def peak_flops(size: int = 2048, repeats: int = 5, device: str = "cpu") -> float
     """Float32 matmul FLOP/s, the best of `repeats`: one thread on the CPU, the whole GPU on cuda."""
     if device != "cpu":
         size *= 4  # a GPU needs a large product to reach its peak
-        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-        a @ b
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+        tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+        try:
+            a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
             a @ b
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
+            torch.cuda.synchronize(device)
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                a @ b
+                torch.cuda.synchronize(device)
+                best = min(best, time.perf_counter() - t0)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
         return 2 * size**3 / best
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -102,8 +106,8 @@ def flops_per_sample(cfg) -> tuple[float, int]:
     batch = min(cfg.train.batch_size, len(client.train_y))
     x, y = client.train_x[:batch], client.train_y[:batch]
     # FlopCounterMode does not see oneDNN's fused linear op (protofed.nn.linear), so the
-    # count runs the same products on torch's own kernels: FedAli's ALP cosines were missed
-    # (483 instead of 728 GFLOP a round on UCI-HAR) while oneDNN was in use
+    # count runs the same products on torch's own kernels: FedAli's ALP cosine products and
+    # GLUs were missed (483 instead of 728 GFLOP a round on UCI-HAR) while oneDNN was in use
     onednn, linear.USE_ONEDNN = linear.USE_ONEDNN, False
     counter = FlopCounterMode(display=False)
     try:
@@ -197,7 +201,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name() if args.device != "cpu" else None,
             "torch": torch.__version__,
         },
-        "workers": args.workers,
+        "workers": args.workers if args.device == "cpu" else None,  # one process on a GPU
         "rows": rows,
     }
     out = Path(args.out)

@@ -233,7 +233,7 @@ class EvalConfig(_Section):
         ge=1,
         description="Distinct client models that predict a whole split together, in one "
         "torch.func.vmap pass per batch; 1 or None: one at a time (stacking measured slower "
-        "on the CPU and no faster on a GPU).",
+        "on the CPU and no faster on the one GPU work measured).",
     )
     keep_prototypes_every: int = Field(
         0,

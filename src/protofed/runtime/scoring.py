@@ -66,7 +66,7 @@ def predict_in(pool: WorkerPool) -> PredictMany:
     `eval.client_model=trained`) would hold a file descriptor per tensor from then on."""
 
     def predict_many(jobs: list[tuple[Arrays, list[Spec]]]) -> Iterable[list[np.ndarray]]:
-        plain = [({k: v.detach().numpy() for k, v in w.items()}, specs) for w, specs in jobs]
+        plain = [({k: v.detach().cpu().numpy() for k, v in w.items()}, specs) for w, specs in jobs]
         return pool.map(_predict_in_worker, plain)
 
     return predict_many
@@ -99,7 +99,7 @@ class ServerSideEvaluation:
     def evaluate(self, server: Records, server_round: int) -> dict:
         """The scores of the models after `server_round` (see `Evaluator.evaluate`), on the
         transport's worker processes where it has them (not with data.dynamic: a worker holds
-        the whole data only; not where models predict stacked, which pays on a GPU only)."""
+        the whole data only; not where models predict stacked, `eval.stacked_models` > 1)."""
         pool: WorkerPool | None = getattr(self.transport, "pool", None)
         evaluator = self.evaluator_for(server_round)
         use_pool = pool is not None and self.prepared.dynamic is None
