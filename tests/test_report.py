@@ -167,6 +167,20 @@ def test_printed_markdown_and_csv_carry_the_same_numbers(sweep, tmp_path):
     )
 
 
+def test_runs_of_one_name_in_two_folders_get_distinct_labels(sweep, tmp_path):
+    """Two run folders given by path with the same name (a sweep's scratch/ and pretrained/
+    halves) are told apart by their parent folders, in the table and so in the legends."""
+    for half in ("scratch", "pretrained"):
+        shutil.copytree(sweep / "fedavg_s0", tmp_path / half / "fedavg_s0")
+    runs = [tmp_path / "scratch" / "fedavg_s0", tmp_path / "pretrained" / "fedavg_s0"]
+    assert [r["run"] for r in collect(runs, "final")] == [
+        "scratch/fedavg_s0",
+        "pretrained/fedavg_s0",
+    ]
+    alone = collect([tmp_path / "scratch" / "fedavg_s0", sweep / "more" / "local_s0"], "final")
+    assert [r["run"] for r in alone] == ["fedavg_s0", "local_s0"]
+
+
 def test_a_round_number_reports_that_round(sweep):
     rows = collect([sweep / "fedavg_s0"], 2)
     record = json.loads((sweep / "fedavg_s0" / "metrics.jsonl").read_text().splitlines()[1])

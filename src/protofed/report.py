@@ -234,6 +234,24 @@ def _resolved(raw: dict) -> dict:
         return raw
 
 
+def distinct_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
+    """`names`, except that runs sharing one (scratch/fedali_s0 and pretrained/fedali_s0,
+    both given as run folders) get as many of their parent folders as tell them apart: a
+    table or a legend with two identical labels cannot be read."""
+    out = list(names)
+    for depth in range(2, max((len(p.parts) for p in paths), default=0) + 1):
+        taken: dict[str, int] = {}
+        for n in out:
+            taken[n] = taken.get(n, 0) + 1
+        clashing = [i for i, n in enumerate(out) if taken[n] > 1]
+        if not clashing:
+            break
+        for i in clashing:
+            if len(Path(out[i]).parts) < depth:
+                out[i] = "/".join(paths[i].parts[-depth:])
+    return out
+
+
 def collect(
     paths: Sequence[str | Path],
     which: str | int = "selected",
@@ -247,10 +265,12 @@ def collect(
     which = parse_which(which)
     runs, unfinished = find_runs(paths)
     roots = [Path(p) for p in paths]
-    rows, left = [], list(unfinished)
+    names = []
     for path in runs:
         root = next((r for r in roots if r != path and r in path.parents), None)
-        name = str(path.relative_to(root)) if root is not None else path.name
+        names.append(str(path.relative_to(root)) if root is not None else path.name)
+    rows, left = [], list(unfinished)
+    for path, name in zip(runs, distinct_names(runs, names), strict=True):
         try:
             rows.append(run_row(path, which, name, domains))
         except NotScored as exc:
