@@ -245,8 +245,9 @@ class Evaluator:
         """`generalization_samples` and `seed`: the union's sample generalization is scored
         on (`generalization_size`), the same every round and every run with this seed.
         `stacked_models`: distinct models predicting a whole split together (None: 1, one at
-        a time: stacking measured slower on the CPU, no faster on one GPU work); models whose forward is not
-        head(features(x)) or depends on the batch predict one at a time."""
+        a time: stacking measured slower on the CPU, no faster on one GPU work); models
+        whose forward is not head(features(x)) or depends on the batch predict one at a
+        time."""
         self.fed = fed
         self.model = model
         self.batch_size = batch_size
