@@ -20,6 +20,7 @@ import io
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,9 +241,7 @@ def distinct_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
     table or a legend with two identical labels cannot be read."""
     out = list(names)
     for depth in range(2, max((len(p.parts) for p in paths), default=0) + 1):
-        taken: dict[str, int] = {}
-        for n in out:
-            taken[n] = taken.get(n, 0) + 1
+        taken = Counter(out)
         clashing = [i for i, n in enumerate(out) if taken[n] > 1]
         if not clashing:
             break
