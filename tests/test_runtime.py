@@ -245,7 +245,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
     """After `ray.init` the parent's SIGTERM handler raises SystemExit: a worker that kept it
-    would run the parent's exit hooks on `Pool.terminate()` and hang on a lock."""
+    would run the parent's exit hooks when the pool closes instead of dying."""
     from protofed.runtime.parallel import WorkerPool
 
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -263,7 +263,7 @@ def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
 def test_a_sigterm_before_a_worker_reset_its_handlers_still_stops_it(monkeypatch):
     """A worker terminated while still starting (a loaded machine forks slowly) must die of
     the SIGTERM: had it reached the handler the worker inherited, Python would drop it and
-    `Pool.terminate()` would wait forever."""
+    the worker would live on."""
     from protofed.runtime import parallel
 
     real = parallel._init_worker
@@ -276,7 +276,7 @@ def test_a_sigterm_before_a_worker_reset_its_handlers_still_stops_it(monkeypatch
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         pool = parallel.WorkerPool(None, 2)
-        workers = list(pool._pool._pool)
+        workers = list(pool.processes)
         closing = threading.Thread(target=pool.close, daemon=True)
         closing.start()
         closing.join(timeout=60)
@@ -288,6 +288,82 @@ def test_a_sigterm_before_a_worker_reset_its_handlers_still_stops_it(monkeypatch
         signal.signal(signal.SIGTERM, previous)
     assert not hung, "pool.close() hung on a worker that ignored its SIGTERM"
     assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
+
+
+def _square_after(_inherited: object, value: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return value * value
+
+
+def _fail_on(_inherited: object, value: int) -> int:
+    if value == 2:
+        raise ValueError("client 2 is bad")
+    return value
+
+
+def _closes_within(pool, seconds: float) -> bool:
+    closing = threading.Thread(target=pool.close, daemon=True)
+    closing.start()
+    closing.join(timeout=seconds)
+    return not closing.is_alive()
+
+
+def test_a_pool_closes_after_its_workers_got_the_groups_sigterm():
+    """`timeout` or a batch scheduler signals the whole process group: workers die while
+    waiting for a task. With `multiprocessing.Pool` one of them held the task queue's lock
+    and `terminate()` waited for it forever."""
+    from protofed.runtime.parallel import WorkerPool
+
+    pool = WorkerPool(None, 2)
+    workers = list(pool.processes)
+    try:
+        assert list(pool.map(_square_after, [(i, 0.0) for i in range(5)])) == [0, 1, 4, 9, 16]
+        for w in workers:  # idle, each waiting for its next task
+            os.kill(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.join(timeout=30)
+        closed = _closes_within(pool, 30)
+    finally:
+        for w in workers:
+            if w.exitcode is None:
+                os.kill(w.pid, signal.SIGKILL)
+    assert closed, "pool.close() hung after its workers were killed"
+
+
+def test_a_worker_killed_mid_task_stops_the_run_in_one_line():
+    """The out-of-memory killer's SIGKILL: a clear RunStopped, not a round that never ends."""
+    from protofed.errors import RunStopped
+    from protofed.runtime.parallel import WorkerPool
+
+    pool = WorkerPool(None, 2)
+    try:
+        replies = pool.map(_square_after, [(i, 30.0) for i in range(4)])
+        threading.Timer(2.0, os.kill, (pool.processes[0].pid, signal.SIGKILL)).start()
+        with pytest.raises(RunStopped, match="killed by SIGKILL"):
+            list(replies)
+    finally:
+        assert _closes_within(pool, 30)
+
+
+def test_a_workers_exception_keeps_its_type_and_the_pool_goes_on():
+    """A task's exception reaches the caller as raised (a ConfigError stays one line), with
+    the worker's traceback as its cause; replies an abandoned map still owed are dropped."""
+    from protofed.runtime.parallel import WorkerPool, WorkerTraceback
+
+    pool = WorkerPool(None, 2)
+    try:
+        with pytest.raises(ValueError, match="client 2 is bad") as caught:
+            list(pool.map(_fail_on, [(i,) for i in range(6)]))
+        assert isinstance(caught.value.__cause__, WorkerTraceback)
+        assert "_fail_on" in str(caught.value.__cause__)
+        first = pool.map(_square_after, [(i, 0.3) for i in range(4)])
+        assert next(first) == 0
+        del first  # abandoned with a task still running
+        assert list(pool.map(_square_after, [(i, 0.0) for i in range(7)])) == [
+            i * i for i in range(7)
+        ]
+    finally:
+        pool.close()
 
 
 def test_a_thousand_clients_do_not_hold_a_thousand_models():

@@ -18,13 +18,17 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 
 from protofed.config import TrainConfig
+from protofed.errors import RunStopped
 
 MAX_AUTO_WORKERS = 8
 """The most workers an unset `train.workers` gives: past that the server's side of a round
@@ -80,14 +84,13 @@ def _init_worker(parent: int) -> None:
     """One thread; the default signal handling; gone when the parent is.
 
     A fork inherits the parent's Python signal handlers: after `ray.init` (Flower's
-    simulation) the parent's SIGTERM handler raises SystemExit, so `Pool.terminate()` would
-    make a worker run the parent's exit hooks and deadlock on a multiprocessing lock. SIGTERM
-    is given back to the default (die at once); SIGINT is ignored, as Ctrl-C reaches the
-    whole process group and the parent stops the pool itself. Both were blocked while the
-    worker was forked (`WorkerPool`), so one that came before this reset waited, and is
-    delivered now under the new handling: a SIGTERM that reached the inherited handler first
-    would otherwise be dropped by Python ("ignored due to race condition") and leave
-    `Pool.terminate()` waiting for a worker that never dies. On Linux a worker also dies
+    simulation) the parent's SIGTERM handler raises SystemExit, so closing the pool would
+    make a worker run the parent's exit hooks instead of dying. SIGTERM is given back to the
+    default (die at once); SIGINT is ignored, as Ctrl-C reaches the whole process group and
+    the parent stops the pool itself. Both were blocked while the worker was forked
+    (`WorkerPool`), so one that came before this reset waited, and is delivered now under
+    the new handling: a SIGTERM that reached the inherited handler first would otherwise be
+    dropped by Python ("ignored due to race condition") and leave the worker running. On Linux a worker also dies
     with its parent, so a SIGKILLed run does not leave workers holding its run directory's
     lock (a forked flock) while they finish a client.
     """
@@ -103,13 +106,53 @@ def _init_worker(parent: int) -> None:
     torch.set_num_threads(1)
 
 
-def _call(task: tuple[Callable[..., Any], tuple]) -> Any:
-    function, args = task
-    return function(_INHERITED, *args)
+class WorkerTraceback(Exception):
+    """The traceback of an exception raised in a worker (set as its `__cause__`)."""
+
+
+def _serve(connection: Connection, parent: int) -> None:
+    """A worker's life: tasks in, `(ok, value, traceback)` out, until None or the parent
+    hangs up."""
+    _init_worker(parent)
+    while True:
+        try:
+            task = connection.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        function, args = task
+        try:
+            reply = (True, function(_INHERITED, *args), "")
+        except Exception as error:
+            reply = (False, error, traceback.format_exc())
+        try:
+            connection.send(reply)
+        except Exception as error:  # an unpicklable result or exception
+            connection.send(
+                (False, RuntimeError(f"a worker's reply could not be sent: {error!r}"), "")
+            )
+
+
+def _death(process: BaseProcess) -> str:
+    process.join(timeout=1.0)
+    code = process.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        return f"killed by {name}" + (" (the out-of-memory killer?)" if name == "SIGKILL" else "")
+    return f"exit code {code}"
 
 
 class WorkerPool:
-    """A pool of forked, single-threaded processes that share `inherited` with the parent."""
+    """A pool of forked, single-threaded processes that share `inherited` with the parent.
+
+    Each worker has its own pipe and the parent hands out tasks itself, so no lock is shared
+    between processes. `multiprocessing.Pool`, used before, shares one: a worker waiting for
+    a task holds its queue's lock, so a SIGTERM to the whole process group (`timeout`, a batch
+    scheduler) killed it holding the lock and `Pool.terminate()` then waited forever; and a
+    worker killed mid-task (the out-of-memory killer) made `imap` wait forever too. Here a
+    dead worker is a one-line `RunStopped`, and closing only stops processes.
+    """
 
     def __init__(self, inherited: Any, workers: int) -> None:
         global _INHERITED
@@ -117,25 +160,96 @@ class WorkerPool:
             raise RuntimeError("train.workers > 1 needs the 'fork' start method (Linux, macOS)")
         _INHERITED = inherited  # inherited by the forked children
         self.workers = workers
-        # the workers inherit this mask (and so do the pool's threads, which fork any
-        # replacement worker): see _init_worker; the parent's own is given back at once
+        context = mp.get_context("fork")
+        self.processes: list[BaseProcess] = []
+        self._pipes: list[Connection] = []
+        # the workers inherit this mask (see _init_worker); the parent's own is given back
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _RESET_SIGNALS)
         try:
-            self._pool = mp.get_context("fork").Pool(
-                workers, initializer=_init_worker, initargs=(os.getpid(),)
-            )
+            for _ in range(workers):
+                ours, theirs = context.Pipe(duplex=True)
+                process = context.Process(target=_serve, args=(theirs, os.getpid()), daemon=True)
+                process.start()
+                theirs.close()
+                self.processes.append(process)
+                self._pipes.append(ours)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self._idle = list(range(workers))
+        self._stale: set[int] = set()  # workers still busy with an abandoned map's task
 
     def map(self, function: Callable[..., Any], tasks: Iterable[tuple]) -> Iterator[Any]:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
 
-        `function` must be a module-level function (it crosses to the workers by name).
+        `function` must be a module-level function (it crosses to the workers by name). A
+        worker gets its next task as soon as its reply is read, whatever the caller does
+        with the replies in between.
         """
-        return self._pool.imap(_call, [(function, args) for args in tasks])
+        return self._replies(function, list(tasks))
+
+    def _replies(self, function: Callable[..., Any], tasks: list[tuple]) -> Iterator[Any]:
+        busy: dict[int, int] = {}  # worker -> index of its task
+        done: dict[int, Any] = {}
+        sent = returned = 0
+        try:
+            while returned < len(tasks):
+                while self._idle and sent < len(tasks):
+                    worker = self._idle.pop()
+                    self._pipes[worker].send((function, tasks[sent]))
+                    busy[worker] = sent
+                    sent += 1
+                for worker in self._ready(list(busy) + list(self._stale)):
+                    ok, value, trace = self._receive(worker)
+                    self._idle.append(worker)
+                    if worker in self._stale:
+                        self._stale.discard(worker)
+                        continue
+                    index = busy.pop(worker)
+                    if not ok:
+                        raise value from WorkerTraceback(trace)
+                    done[index] = value
+                while returned in done:
+                    yield done.pop(returned)
+                    returned += 1
+        finally:
+            self._stale.update(busy)  # their replies are read, and dropped, by a later map
+
+    def _ready(self, workers: list[int]) -> list[int]:
+        """The workers among `workers` with a reply to read; a dead one stops the run."""
+        sentinels = {self.processes[w].sentinel: w for w in range(self.workers)}
+        pipes = {self._pipes[w]: w for w in workers}
+        ready = wait([*pipes, *sentinels])
+        for item in ready:
+            if item in sentinels:
+                self._dead(sentinels[item])
+        return [pipes[item] for item in ready if item in pipes]
+
+    def _receive(self, worker: int) -> tuple[bool, Any, str]:
+        try:
+            return self._pipes[worker].recv()
+        except (EOFError, OSError):
+            self._dead(worker)
+            raise  # unreachable: _dead raises
+
+    def _dead(self, worker: int) -> None:
+        raise RunStopped(
+            f"worker process {self.processes[worker].pid}, training clients, died "
+            f"({_death(self.processes[worker])}); the run keeps its last checkpoint "
+            "(protofed run --resume DIR), or run with train.workers=1"
+        )
 
     def close(self) -> None:
+        """Stop every worker at once (a task in progress is abandoned)."""
         global _INHERITED
-        self._pool.terminate()
-        self._pool.join()
+        for process in self.processes:
+            if process.exitcode is None:
+                process.terminate()
+        for process in self.processes:
+            process.join(timeout=10.0)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for pipe in self._pipes:
+            pipe.close()
+        self.processes, self._pipes, self._idle, self._stale = [], [], [], set()
         _INHERITED = None
