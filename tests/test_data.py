@@ -289,6 +289,12 @@ def test_arrays_errors(tmp_path):
         load_dataset(DataConfig(name="arrays"))
     with pytest.raises(ConfigError, match="file not found"):
         _arrays(tmp_path / "absent.npz")
+    np.savez(tmp_path / "one.npz", X=np.zeros((3, 2)), y=np.ones(3))
+    with pytest.raises(ConfigError, match="one.npz: 1 class"):
+        _arrays(tmp_path / "one.npz")
+    np.savez(tmp_path / "complex.npz", X=np.zeros((2, 2)), y=np.array([0, 1j]))
+    with pytest.raises(ConfigError, match="complex"):
+        _arrays(tmp_path / "complex.npz")
 
 
 # --------------------------------------------------------------------------- partitioners

@@ -395,6 +395,27 @@ def test_a_supernode_reads_only_its_partition_never_a_data_path_the_server_sends
         clientapp.client_side(wire.config_json(served), {"partition-id": 0})
 
 
+def test_an_export_never_mixes_with_an_earlier_one(har, tmp_path) -> None:
+    """3 new clients beside 10 old files would pass for a 10-client federation."""
+    source = tmp_path / "har.npz"
+    source.write_bytes(har["3"].read_bytes())
+    cfg = _config(source, "fedavg")
+    out = tmp_path / "parts"
+    first = export_partitions(cfg, out)
+    (out / "client_9.npz").write_bytes(first[0].read_bytes())  # a larger, older export's
+    (out / "notes.txt").write_text("the operator's own file\n")
+    with pytest.raises(ConfigError, match="not empty"):
+        export_partitions(cfg, out)
+    again = export_partitions(cfg, out, force=True)
+    assert len(again) < 10
+    assert sorted(p.name for p in out.glob("client_*.npz")) == sorted(p.name for p in again)
+    assert (out / "notes.txt").exists()  # only an export's own files are replaced
+    torn = out / "client_0.npz"
+    torn.write_bytes(torn.read_bytes()[:200])
+    with pytest.raises(ConfigError, match="client_0.npz: not a partition file"):
+        load_partition(torn)
+
+
 def test_the_serverapp_never_overwrites_a_run_directory(tmp_path, caplog) -> None:
     from flwr.app import Context, RecordDict
 

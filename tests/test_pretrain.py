@@ -152,7 +152,31 @@ def test_a_bad_init_file_is_one_line_exit_2(
         )
     )
     assert "alp" in line
+    # a model other than HART: the key to change is model.name
+    line = _one_line(
+        runner.invoke(
+            app,
+            [*base, "-s", f"model.init={checkpoint}", "-s", "model.name=mlp"]
+            + ["-s", "model.alp.enabled=false"],
+        )
+    )
+    assert "model.name=hart" in line, line
+    # metadata that is not the JSON protofed writes
+    tensors, _ = read_checkpoint(checkpoint)
+    for i, meta in enumerate((torch.tensor([0xFF, 0xFE], dtype=torch.uint8), torch.ones(3))):
+        odd = save_checkpoint(tmp_path / f"meta{i}.safetensors", {**tensors, "__meta__": meta})
+        line = _one_line(runner.invoke(app, [*base, "-s", f"model.init={odd}"]))
+        assert "__meta__" in line, line
     assert not (tmp_path / "r").exists()
+
+
+def test_bad_pretrain_data_sets_name_their_key(shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.safetensors"
+    base = ["pretrain", CONFIG, *_sets(SMALL), "--out", str(out), "--data-dir", str(shared_data)]
+    for value in ("[nope]", "[]"):
+        line = _one_line(runner.invoke(app, [*base, "-s", f"pretrain.datasets={value}"]))
+        assert "pretrain.datasets" in line, line
+    assert not out.exists()
 
 
 def test_labels_are_never_read(shared_data: Path, tmp_path: Path) -> None:

@@ -292,3 +292,40 @@ def test_bad_input_is_one_line_exit_2(sweep, tmp_path):
     assert not list(tmp_path.glob("out*"))  # nothing half-written
     only_unfinished = runner.invoke(app, ["report", str(sweep / "more" / "killed_s0")])
     assert re.search("no finished run", _one_line_error(only_unfinished))
+
+
+def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
+    """An edited, emptied or foreign summary.json, metrics.jsonl, run.json or partition.json
+    names its file in one line (exit 2): never a KeyError from inside the report."""
+    out = tmp_path / "out"
+    damage = {
+        "summary.json": ["{}", '{"rounds": 3, "comm": {}, "time": {}, "selected": "x"}'],
+        "metrics.jsonl": ["7\n", '{"f1": 1}\n{"round": 1}\n', 'not json\n{"round": 1}\n'],
+        "partition.json": ["[]"],
+    }
+    for name, texts in damage.items():
+        for i, text in enumerate(texts):
+            run = tmp_path / f"{name}{i}"
+            shutil.copytree(sweep / "fedavg_s0", run)
+            (run / name).write_text(text)
+            args = ["report", str(run), "--out", str(out), "--domains"]
+            assert name in _one_line_error(runner.invoke(app, args)), (name, text)
+            if name == "summary.json":  # resuming a complete run prints its summary
+                line = _one_line_error(runner.invoke(app, ["run", "--resume", str(run), "-q"]))
+                assert name in line
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(sweep / "more" / "killed_s0", unfinished)
+    (unfinished / "run.json").write_text("[]")
+    line = _one_line_error(runner.invoke(app, ["run", "--resume", str(unfinished), "-q"]))
+    assert "run.json" in line
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_out_must_be_a_file_prefix(sweep, tmp_path):
+    """`--out .` or a folder would write `.md` files beside it, or crash on an empty name."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for out in (".", str(folder), str(tmp_path) + "/.."):
+        line = _one_line_error(runner.invoke(app, ["report", str(sweep), "--out", out]))
+        assert "--out" in line and "file prefix" in line
+    assert list(folder.iterdir()) == []

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.errors import ConfigError
-from protofed.runs import CHECKPOINT, PARTITION, PROVENANCE, SUMMARY, RunDir
+from protofed.runs import CHECKPOINT, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -138,7 +138,9 @@ class Run:
                 f"{self.path} has no {SUMMARY}: the run did not finish "
                 f"(continue it with protofed run --resume {self.path})"
             )
-        return Summary.from_dict(self.dir.read_json(SUMMARY))
+        summary = self.dir.read_json(SUMMARY)
+        with reading(self.path / SUMMARY):
+            return Summary.from_dict(summary)
 
     @property
     def provenance(self) -> dict[str, Any] | None:
@@ -150,7 +152,9 @@ class Run:
 
     @property
     def client_names(self) -> list[str]:
-        return [c["name"] for c in self.dir.read_json(PARTITION)["clients"]]
+        part = self.dir.read_json(PARTITION)
+        with reading(self.path / PARTITION):
+            return [c["name"] for c in part["clients"]]
 
     @property
     def history(self) -> pd.DataFrame:
@@ -193,12 +197,11 @@ class Run:
 
             cfg = self.config
             part = self.dir.read_json(PARTITION)
+            with reading(self.path / PARTITION):
+                shape = tuple(int(n) for n in part["input_shape"])
+                classes, clients = int(part["num_classes"]), int(part["num_clients"])
             self._built = build_model_and_algorithm(
-                cfg,
-                tuple(part["input_shape"]),
-                int(part["num_classes"]),
-                int(part["num_clients"]),
-                resolve_device(cfg.train.device),
+                cfg, shape, classes, clients, resolve_device(cfg.train.device)
             )
         return self._built
 
@@ -228,7 +231,9 @@ class Run:
         it kept after its last training (what it receives, if it never trained)."""
         _, algorithm = self._model_and_algorithm()
         ckpt = self._state()
-        num = int(self.dir.read_json(PARTITION)["num_clients"])
+        part = self.dir.read_json(PARTITION)
+        with reading(self.path / PARTITION):
+            num = int(part["num_clients"])
         if not 0 <= client < num:
             raise ConfigError(f"client {client} is not in this run (0..{num - 1})")
         trained = ckpt.get("trained", {}).get(str(client))  # kept only under `trained`

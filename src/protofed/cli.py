@@ -95,11 +95,24 @@ def _config(config: Path | None, overrides: list[str], data_dir: Path | None):
     return load_config(config, extra)
 
 
+def _prefix(out: Path, example: str) -> Path:
+    """`--out` as a file prefix (OUT.md, OUT.png): a folder would put the files beside it,
+    or nowhere for `.`."""
+    if out.name in ("", ".", "..") or out.is_dir():
+        raise ConfigError(f"--out: {out} is a folder; give a file prefix such as {out / example}")
+    return out
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}"
 
 
-def print_summary(summary: dict, run_dir: Path | None = None) -> None:
+SummaryView = tuple[Table, str, list[str]]
+
+
+def summary_view(summary: dict) -> SummaryView:
+    """The scores table, the time and traffic line, the warnings (built before printing, so
+    a damaged summary.json fails before anything is shown)."""
     sel = summary["selected"]
     table = Table(
         title=f"{summary['algorithm']} on {summary['dataset']}: "
@@ -119,14 +132,19 @@ def print_summary(summary: dict, run_dir: Path | None = None) -> None:
             else:
                 cells += [_pct(part["acc"]), f"{_pct(part['f1'])} ± {_pct(part['f1_std'])}"]
         table.add_row(key, *cells)
-    console.print(table)
     t, c = summary["time"], summary["comm"]
-    console.print(
+    cost = (
         f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "
-        f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB",
-        highlight=False,
+        f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB"
     )
-    for warning in summary.get("warnings", []):
+    return table, cost, [str(w) for w in summary.get("warnings", [])]
+
+
+def print_summary(summary: dict | SummaryView, run_dir: Path | None = None) -> None:
+    table, cost, warnings = summary_view(summary) if isinstance(summary, dict) else summary
+    console.print(table)
+    console.print(cost, highlight=False)
+    for warning in warnings:
         err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     if run_dir is not None:
         console.print(f"run directory: {run_dir}", highlight=False)
@@ -198,12 +216,14 @@ def run(
                 raise ConfigError(
                     "--resume takes the run directory's own config; drop CONFIG and -s"
                 )
-            from protofed.runs import RunDir
+            from protofed.runs import SUMMARY, RunDir, reading
 
             existing = RunDir.open(resume_dir)
             if existing.complete:
+                with reading(existing.path / SUMMARY):
+                    view = summary_view(existing.read_json(SUMMARY))
                 console.print(f"{resume_dir} is already complete.")
-                print_summary(existing.read_json("summary.json"), resume_dir)
+                print_summary(view, resume_dir)
                 return
             loop = resume(resume_dir, data_dir)
             out = resume_dir
@@ -428,6 +448,7 @@ def report(
     )
 
     with user_errors():
+        out = _prefix(out, "report")
         when = parse_which(which)
         skipped: list = []
         rows = collect(dirs, when, skipped, domains)
@@ -449,10 +470,10 @@ def report(
             table.add_row(*line)
         needed = sum(max(len(c) for c in col) + 3 for col in zip(head, *body, strict=True)) + 4
         wide = Console(width=max(console.width, min(needed, 240)))  # a table, not wrapped cells
-        wide.print(table)
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
-        atomic_write_text(md, to_markdown(table_rows, when))
-        atomic_write_text(csv_path, to_csv(table_rows))
+        atomic_write_text(md, to_markdown(table_rows, when))  # before the table: a failed
+        atomic_write_text(csv_path, to_csv(table_rows))  # write is then the one line shown
+        wide.print(table)
         written = [md, csv_path]
         if plot:
             from protofed.plots.curves import write_figures
@@ -609,6 +630,8 @@ def partition(
     from protofed.data import build_federated
 
     with user_errors():
+        if plot:
+            out = _prefix(out, "partition")
         cfg = _config(config, set_, data_dir)
         fed = build_federated(cfg.data, cfg.seed)
         console.print(fed.counts_table(), highlight=False)
@@ -664,6 +687,8 @@ def embed(
         from protofed.plots import save_figure
         from protofed.plots.embed import draw_embedding, embedding_map, prototype_figure
 
+        if out is not None:
+            out = _prefix(out, "embed")
         run_ = Run(run_dir)
         said = ""
         if prototypes:
@@ -696,6 +721,8 @@ def _data_root(data_dir: Path | None) -> Path:
     from protofed.config import DataConfig
     from protofed.data import data_root
 
+    if data_dir is not None and data_dir.exists() and not data_dir.is_dir():
+        _fail(f"--data-dir: {data_dir} is a file, not a folder")
     return data_root(DataConfig(dir=None if data_dir is None else str(data_dir)))
 
 
@@ -836,6 +863,9 @@ def export(
     ),
     set_: Overrides = [],  # noqa: B006
     data_dir: DataDir = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier export in OUT.")
+    ] = False,
 ) -> None:
     """Write each client's train/val/test data to OUT/client_<i>.npz (same split as any run)."""
     with user_errors():
@@ -844,7 +874,7 @@ def export(
         require_flower()
         from protofed.flower.partitions import export_partitions
 
-        paths = export_partitions(_config(config, set_, data_dir), out)
+        paths = export_partitions(_config(config, set_, data_dir), out, force=force)
     console.print(
         f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
         highlight=False,

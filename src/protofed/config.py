@@ -182,7 +182,9 @@ class TrainConfig(_Section):
     nesterov: bool = Field(False, description="Nesterov momentum (SGD with momentum > 0).")
     weight_decay: float = Field(0.0, ge=0)
     client_fraction: float = Field(1.0, gt=0, le=1)
-    clients_per_round: int | None = Field(None, ge=1, description="Overrides client_fraction.")
+    clients_per_round: int | None = Field(
+        None, ge=1, description="Overrides client_fraction; at most every client."
+    )
     device: str = "cpu"
     threads: int | None = Field(
         None,
@@ -337,6 +339,7 @@ class PretrainConfig(_Section):
 
     datasets: list[str] | None = Field(
         None,
+        min_length=1,
         description="Unlabeled window sets pooled for pre-training; None: every HAR window set "
         "except data.name (uci_har, wisdm, hhar).",
     )
@@ -415,7 +418,8 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
         return {}
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        what = "is a folder, not a config file" if p.is_dir() else "not found"
+        raise ConfigError(f"config file {what}: {p}")
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

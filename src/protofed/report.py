@@ -30,7 +30,8 @@ import numpy as np
 
 from protofed.config import build_config
 from protofed.errors import ConfigError
-from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir
+from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
+from protofed.runs import METRICS as METRICS_FILE
 
 SCORES = ("personalization", "generalization", "global")
 SHORT = {"personalization": "pers", "generalization": "gen", "global": "global"}
@@ -179,8 +180,11 @@ def run_row(
     which = parse_which(which)
     run = RunDir.open(path)
     summary = run.read_json(SUMMARY)
-    if not isinstance(summary, dict) or not {"rounds", "comm", "time"} <= set(summary):
-        raise ConfigError(f"{run.path / SUMMARY}: not a protofed summary")
+    with reading(run.path / SUMMARY):
+        return _row(run, summary, which, name, domains)
+
+
+def _row(run: RunDir, summary: dict, which: str | int, name: str | None, domains: bool) -> dict:
     part = _record_for(run, summary, which)
     if part is None:
         what = f"round {which} was not evaluated" if isinstance(which, int) else "no round scored"
@@ -215,7 +219,9 @@ def run_row(
         record = at or {}
         if "pers_acc" not in record.get("clients", {}):
             raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")
-        for label, value in _domain_means(run, record, "pers_acc").items():
+        with reading(run.path / PARTITION):
+            means = _domain_means(run, record, "pers_acc")
+        for label, value in means.items():
             row[f"pers_acc[{label}]"] = 100.0 * value
     for key, value in (part.get("server") or {}).items():  # the server's own metrics
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -519,11 +525,14 @@ def group_scores(
         raise ConfigError(f"{run.path} has no {SUMMARY}: the run is unfinished (resume it)")
     if which not in WHICH:
         raise ConfigError(f"which must be 'selected' or 'final', not '{which}'")
-    round_ = run.read_json(SUMMARY)[which]["round"]
+    with reading(run.path / SUMMARY):
+        round_ = run.read_json(SUMMARY)[which]["round"]
     record = next((r for r in run.history() if r["round"] == round_), None)
-    if record is None or key not in record.get("clients", {}):
-        raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
-    return _domain_means(run, record, key)
+    with reading(run.path / METRICS_FILE):
+        if record is None or key not in record.get("clients", {}):
+            raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
+    with reading(run.path / PARTITION):
+        return _domain_means(run, record, key)
 
 
 def _domain_means(run: RunDir, record: dict, key: str) -> dict[str, float]:

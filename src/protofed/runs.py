@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,22 @@ METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
 RUN, LOCK, PROVENANCE = "run.json", ".lock", "provenance.json"
 FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY, PROVENANCE)
 CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Fields read from a file protofed wrote. One that parses but lacks them (edited by
+    hand, truncated to `{}`, another tool's) is a ConfigError naming the file, not a KeyError
+    from deep inside a report. Keep the block to the reading: it turns these errors into
+    the user's."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"{path}: not as protofed writes it ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def strict_json(obj: Any) -> Any:
@@ -150,12 +167,16 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
 
-    def read_json(self, name: str) -> Any:
+    def read_json(self, name: str) -> dict:
+        """One of the run's JSON files: each is an object."""
         path = self.path / name
         try:
-            return json.loads(path.read_text())
+            value = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: not as protofed writes it (a JSON object expected)")
+        return value
 
     def config(self) -> dict:
         path = self.path / CONFIG
@@ -225,13 +246,16 @@ class RunDir:
         if not path.exists():
             return []
         records = []
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.strip():
-                continue
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        for number, line in enumerate(lines, 1):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                break  # a line cut by a kill: everything before it is intact
+                if number == len(lines):
+                    break  # a line cut by a kill: everything before it is intact
+                raise ConfigError(f"{path}: line {number} is not JSON") from None
+            if not (isinstance(rec, dict) and type(rec.get("round")) is int):
+                raise ConfigError(f"{path}: line {number} is not a metrics record (no round)")
             if up_to_round is not None and rec["round"] > up_to_round:
                 break
             records.append(rec)

@@ -788,6 +788,8 @@ def _load_arrays(cfg: DataConfig) -> Dataset:
     else:
         raise ConfigError(f"data.path: {path} must end in .npz, .csv or .parquet")
     kind = _kind_for(X, path)
+    if y.dtype.kind == "c":
+        raise ConfigError(f"{path}: labels are complex numbers; class labels expected")
     if y.dtype.kind == "f" and not np.isfinite(y).all():
         raise ConfigError(f"{path}: labels contain NaN or inf")
     codes, class_names = _encode(y)
@@ -973,4 +975,7 @@ def load_dataset(cfg: DataConfig) -> Dataset:
             f"fetch them again with protofed data fetch {cfg.name} --force"
         ) from None
     _finite(ds.X, f"data.name={cfg.name}: the features after the cast to {ds.X.dtype}")
+    if ds.num_classes < 2:
+        where = cfg.path if cfg.name == "arrays" else f"data.name={cfg.name}"
+        raise ConfigError(f"{where}: {ds.num_classes} class(es) in the labels; 2 at least")
     return ds

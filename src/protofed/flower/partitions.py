@@ -12,6 +12,8 @@ refuses to train. Written with `np.savez`, read with `np.load(allow_pickle=False
 from __future__ import annotations
 
 import json
+import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +22,14 @@ import numpy as np
 import torch
 
 from protofed.config import ExperimentConfig
+from protofed.core.files import atomic_write, atomic_write_text
 from protofed.data.federated import SPLITS, ClientData, FederatedData, build_federated
 from protofed.errors import ConfigError
 from protofed.flower.wire import data_fingerprint
 
 _TENSORS = [f"{s}_{k}" for s in SPLITS for k in ("x", "y")]
+FEDERATION = "federation.json"
+_CLIENT_FILE = re.compile(r"client_\d+\.npz")
 
 
 def federation_header(fed: FederatedData) -> dict[str, Any]:
@@ -32,12 +37,29 @@ def federation_header(fed: FederatedData) -> dict[str, Any]:
     return {k: v for k, v in fed.summary().items() if k not in ("clients", "counts")}
 
 
-def export_partitions(cfg: ExperimentConfig, out: str | Path) -> list[Path]:
-    """Write `client_<i>.npz` for every client of `cfg`'s federation into `out`."""
+def _exported(folder: Path) -> list[Path]:
+    return [
+        p
+        for p in folder.iterdir()
+        if p.name in (FEDERATION, "partition.txt") or _CLIENT_FILE.fullmatch(p.name)
+    ]
+
+
+def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = False) -> list[Path]:
+    """Write `client_<i>.npz` for every client of `cfg`'s federation into `out`, each file
+    complete or absent. A folder with anything in it is refused, or with `force` cleared of
+    an earlier export's files first: 3 new clients beside 10 old ones would pass for 10."""
     if cfg.data.dynamic.enabled:
         raise ConfigError("data.dynamic needs every client's data in one process: simulation only")
-    fed = build_federated(cfg.data, cfg.seed)
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--out: {folder} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not force:
+            raise ConfigError(f"--out: {folder} is not empty; use --force to replace an export")
+        for old in _exported(folder):
+            old.unlink()
+    fed = build_federated(cfg.data, cfg.seed)
     folder.mkdir(parents=True, exist_ok=True)
     header = federation_header(fed)
     summary = fed.summary()
@@ -52,14 +74,16 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path) -> list[Path]:
             "fingerprint": fingerprint,
             "federation": header,
         }
-        np.savez(
+        arrays = {name: getattr(client, name).cpu().numpy() for name in _TENSORS}
+        atomic_write(
             path,
-            header=np.array(json.dumps(own)),
-            **{name: getattr(client, name).cpu().numpy() for name in _TENSORS},
+            lambda h, own=own, arrays=arrays: np.savez(
+                h, header=np.array(json.dumps(own)), **arrays
+            ),
         )
         paths.append(path)
-    (folder / "federation.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (folder / "partition.txt").write_text(fed.counts_table() + "\n")
+    atomic_write_text(folder / FEDERATION, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(folder / "partition.txt", fed.counts_table() + "\n")
     return paths
 
 
@@ -91,16 +115,20 @@ def load_partition(path: str | Path) -> Partition:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"partition file not found: {p}")
-    with np.load(p, allow_pickle=False) as f:
-        header = json.loads(str(f["header"]))
-        tensors = {name: torch.from_numpy(np.array(f[name])) for name in _TENSORS}
-    entry = header["entry"]
-    data = ClientData(entry["name"], entry["group"], **tensors)
-    return Partition(
-        int(header["client"]),
-        data,
-        entry,
-        header["counts"],
-        header["fingerprint"],
-        header["federation"],
-    )
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            header = json.loads(str(f["header"]))
+            tensors = {name: torch.from_numpy(np.array(f[name])) for name in _TENSORS}
+        entry = header["entry"]
+        data = ClientData(entry["name"], entry["group"], **tensors)
+        return Partition(
+            int(header["client"]),
+            data,
+            entry,
+            header["counts"],
+            header["fingerprint"],
+            header["federation"],
+        )
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        why = "pickled arrays, never loaded" if "pickled" in str(exc) else type(exc).__name__
+        raise ConfigError(f"{p}: not a partition file of protofed flower export ({why})") from None

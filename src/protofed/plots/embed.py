@@ -22,6 +22,7 @@ import numpy as np
 from protofed.api import Run, resolve_config
 from protofed.errors import ConfigError
 from protofed.plots import new_figure
+from protofed.runs import PARTITION, reading
 from protofed.runtime.keep import read_kept
 
 if TYPE_CHECKING:
@@ -305,8 +306,9 @@ def prototype_figure(run: Run | str | Path) -> Figure:
             f"{run.path} kept no prototypes: {cfg.algorithm.name} has no class prototypes"
         )
     kept = read_kept(run.path)  # the one-line error first, before anything heavy
-    part = run.dir.read_json("partition.json")
-    class_names = part.get("class_names") or [str(k) for k in range(int(part["num_classes"]))]
+    part = run.dir.read_json(PARTITION)
+    with reading(run.path / PARTITION):
+        class_names = part.get("class_names") or [str(k) for k in range(int(part["num_classes"]))]
     names = sorted({n for s in kept.values() for n in s}, key=_set_order)
     rows, classes, rounds, owner = [], [], [], []
     for r, sets in kept.items():
@@ -317,6 +319,12 @@ def prototype_figure(run: Run | str | Path) -> Figure:
             owner.append(np.full(len(ids), names.index(name)))
     if not rows or sum(len(c) for c in classes) == 0:
         raise ConfigError(f"{run.path}: the kept prototype files hold no prototype")
+    widths = {r.shape[1] for r in rows if r.ndim == 2}
+    if len(widths) != 1 or any(r.ndim != 2 for r in rows):
+        raise ConfigError(
+            f"{run.path / 'prototypes'}: the kept prototypes differ in width ({sorted(widths)}); "
+            "the files come from different runs"
+        )
     xy = tsne(np.concatenate(rows), run.config.seed)
     cls, rnd, who = np.concatenate(classes), np.concatenate(rounds), np.concatenate(owner)
     order = sorted(kept)

@@ -110,7 +110,12 @@ def pooled_windows(cfg: ExperimentConfig) -> Pool:
         )
     xs, counts, notes = [], {}, []
     for i, name in enumerate(names):
-        ds = load_dataset(DataConfig(name=name, channels="all", dir=cfg.data.dir))
+        try:
+            ds = load_dataset(DataConfig(name=name, channels="all", dir=cfg.data.dir))
+        except ConfigError as exc:  # the key the user wrote, not data.name
+            if not str(exc).startswith("data.name:"):
+                raise
+            raise ConfigError(f"pretrain.datasets:{str(exc).removeprefix('data.name:')}") from None
         if ds.kind != "sensor" or ds.X.ndim != 3:
             raise ConfigError(f"pretrain.datasets: '{name}' is not a set of sensor windows")
         missing = missing_channels(ds, want)
@@ -299,7 +304,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     """The tensors and the metadata of a `protofed pretrain` checkpoint; one-line errors."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"model.init: file not found: {path}")
+        what = "a folder, not a checkpoint file" if path.is_dir() else "file not found"
+        raise ConfigError(f"model.init: {what}: {path}")
     data = path.read_bytes()
     try:
         if data[:2] == b"PK":  # torch.save's zip format
@@ -315,7 +321,15 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     ):
         raise ConfigError(f"model.init: {path} is not a dict of tensors")
     meta_bytes = tensors.pop(META, None)
-    meta = {} if meta_bytes is None else json.loads(bytes(meta_bytes.tolist()).decode())
+    try:
+        meta = {} if meta_bytes is None else json.loads(bytes(meta_bytes.tolist()).decode())
+    except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(
+            f"model.init: {path}: its '{META}' tensor is not the JSON protofed writes "
+            f"({type(exc).__name__})"
+        ) from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"model.init: {path}: its '{META}' tensor is not a JSON object")
     return tensors, meta
 
 
