@@ -68,6 +68,16 @@ def test_missing_config_file(tmp_path):
     assert "nope.yaml" in _error_line(result)
 
 
+def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes(tmp_path):
+    result = runner.invoke(app, ["run", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "is a folder" in _error_line(result)
+    a_file = tmp_path / "data.txt"
+    a_file.write_text("")
+    result = runner.invoke(app, ["data", "list", "--data-dir", str(a_file)])
+    assert result.exit_code == 2 and "--data-dir" in _error_line(result)
+    assert not (tmp_path / "r").exists()
+
+
 def test_run_then_report(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert runner.invoke(app, ["run", "--out", str(a), *SMALL]).exit_code == 0

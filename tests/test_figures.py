@@ -181,6 +181,27 @@ def test_keeping_prototypes_changes_no_number_and_survives_resume(runs):
     assert sorted(read_kept(runs["kept"])[4]) == [f"client_{k}" for k in range(4)]
 
 
+def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
+    """Files of two runs mixed in one folder, or an object array: named, never unpickled."""
+    import shutil
+
+    from protofed.errors import ConfigError
+    from protofed.plots.embed import prototype_figure
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(runs["fedproto"], mixed)
+    with np.load(mixed / "prototypes" / "round_0004.npz", allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    arrays["global"] = np.zeros((len(arrays["global_classes"]), 8), np.float32)
+    np.savez(mixed / "prototypes" / "round_0004.npz", **arrays)
+    with pytest.raises(ConfigError, match="differ in width"):
+        prototype_figure(mixed)
+    np.savez(mixed / "prototypes" / "round_0004.npz", global_=np.array([{}], dtype=object))
+    with pytest.raises(ConfigError, match="pickled arrays, never loaded") as caught:
+        read_kept(mixed)
+    assert "allow_pickle" not in str(caught.value)
+
+
 # embed ----------------------------------------------------------------------------------
 def test_embed_draws_own_and_other_clients_test_data(runs, tmp_path):
     fed = federation(Run(runs["kept"]))

@@ -112,7 +112,7 @@ def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if isinstance(exc, ConfigError):
             raise
-        if "pickled" in str(exc):  # numpy's message would suggest allow_pickle=True
+        if "pickle" in str(exc):  # numpy's message would suggest allow_pickle=True
             raise ConfigError(
                 f"{path}: holds pickled (object) arrays, which protofed never loads; "
                 "save plain numeric arrays"

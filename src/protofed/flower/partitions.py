@@ -130,5 +130,5 @@ def load_partition(path: str | Path) -> Partition:
             header["federation"],
         )
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
-        why = "pickled arrays, never loaded" if "pickled" in str(exc) else type(exc).__name__
+        why = "pickled arrays, never loaded" if "pickle" in str(exc) else type(exc).__name__
         raise ConfigError(f"{p}: not a partition file of protofed flower export ({why})") from None

@@ -120,6 +120,6 @@ def read_kept(run_dir: str | Path) -> dict[int, dict[str, tuple[np.ndarray, np.n
                 names = [k for k in data.files if k != "round" and not k.endswith(CLASSES)]
                 kept[r] = {n: (data[n], data[n + CLASSES]) for n in names}
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            why = "pickled arrays, never loaded" if "pickled" in str(exc) else exc
+            why = "pickled arrays, never loaded" if "pickle" in str(exc) else exc
             raise ConfigError(f"{path}: not a kept-prototypes file ({why})") from None
     return kept
