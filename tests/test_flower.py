@@ -410,6 +410,10 @@ def test_an_export_never_mixes_with_an_earlier_one(har, tmp_path) -> None:
     assert len(again) < 10
     assert sorted(p.name for p in out.glob("client_*.npz")) == sorted(p.name for p in again)
     assert (out / "notes.txt").exists()  # only an export's own files are replaced
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ConfigError):  # data that fail to build replace nothing
+        export_partitions(_config(tmp_path / "gone.npz", "fedavg"), out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     torn = out / "client_0.npz"
     torn.write_bytes(torn.read_bytes()[:200])
     with pytest.raises(ConfigError, match="client_0.npz: not a partition file"):

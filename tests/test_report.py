@@ -322,10 +322,8 @@ def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
 
 
 def test_out_must_be_a_file_prefix(sweep, tmp_path):
-    """`--out .` or a folder would write `.md` files beside it, or crash on an empty name."""
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    for out in (".", str(folder), str(tmp_path) + "/.."):
+    """`--out .` names no file: `..md` beside the folder, or a crash on an empty name."""
+    for out in (".", "/", str(tmp_path) + "/.."):
         line = _one_line_error(runner.invoke(app, ["report", str(sweep), "--out", out]))
         assert "--out" in line and "file prefix" in line
-    assert list(folder.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []

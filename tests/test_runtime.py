@@ -362,8 +362,31 @@ def test_a_workers_exception_keeps_its_type_and_the_pool_goes_on():
         assert list(pool.map(_square_after, [(i, 0.0) for i in range(7)])) == [
             i * i for i in range(7)
         ]
+        # a task that cannot be pickled loses no worker
+        for _ in range(3):
+            with pytest.raises(AttributeError, match="pickle"):
+                list(pool.map(_square_after, [(lambda: 0, 0.0)]))
+        assert list(pool.map(_square_after, [(i, 0.0) for i in range(4)])) == [0, 1, 4, 9]
+        # every worker is idle, or owes a dropped reply of the abandoned map (a slow task)
+        assert sorted([*pool._idle, *pool._stale]) == [0, 1]
     finally:
         pool.close()
+
+
+def test_a_worker_killed_between_rounds_is_named_on_the_next_one():
+    """The out-of-memory killer strikes an idle worker: the next map says so in one line."""
+    from protofed.errors import RunStopped
+    from protofed.runtime.parallel import WorkerPool
+
+    pool = WorkerPool(None, 2)
+    try:
+        assert list(pool.map(_square_after, [(3, 0.0)])) == [9]
+        pool.processes[1].kill()
+        pool.processes[1].join(timeout=30)
+        with pytest.raises(RunStopped, match="SIGKILL"):
+            list(pool.map(_square_after, [(i, 0.0) for i in range(4)]))
+    finally:
+        assert _closes_within(pool, 30)
 
 
 def test_a_thousand_clients_do_not_hold_a_thousand_models():

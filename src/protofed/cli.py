@@ -96,9 +96,9 @@ def _config(config: Path | None, overrides: list[str], data_dir: Path | None):
 
 
 def _prefix(out: Path, example: str) -> Path:
-    """`--out` as a file prefix (OUT.md, OUT.png): a folder would put the files beside it,
-    or nowhere for `.`."""
-    if out.name in ("", ".", "..") or out.is_dir():
+    """`--out` as a file prefix (OUT.md, OUT.png): `.`, `..` or `/` name no file. (A folder
+    of the prefix's name may exist: the files go beside it, as the printed paths say.)"""
+    if out.name in ("", ".", ".."):
         raise ConfigError(f"--out: {out} is a folder; give a file prefix such as {out / example}")
     return out
 

@@ -148,11 +148,11 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # one row per run --------------------------------------------------------------------------
-def _record_for(run: RunDir, summary: dict, which: str | int) -> dict | None:
+def _record_for(history: list[dict], summary: dict, which: str | int) -> dict | None:
     """The scores of the reported round: the summary's selected or final part, or the
     metrics.jsonl record of round `which`."""
     if isinstance(which, int):
-        return next((r for r in run.history() if r["round"] == which), None)
+        return next((r for r in history if r["round"] == which), None)
     return summary.get(which)
 
 
@@ -180,50 +180,52 @@ def run_row(
     which = parse_which(which)
     run = RunDir.open(path)
     summary = run.read_json(SUMMARY)
-    with reading(run.path / SUMMARY):
-        return _row(run, summary, which, name, domains)
-
-
-def _row(run: RunDir, summary: dict, which: str | int, name: str | None, domains: bool) -> dict:
-    part = _record_for(run, summary, which)
+    history = run.history()
+    source = run.path / (METRICS_FILE if isinstance(which, int) else SUMMARY)
+    with reading(source):
+        part = _record_for(history, summary, which)
     if part is None:
         what = f"round {which} was not evaluated" if isinstance(which, int) else "no round scored"
         raise NotScored(what)
-    history = run.history()
-    rounds = max(int(summary["rounds"]), 1)
-    row: dict[str, Any] = {
-        "run": name or run.path.name,
-        "algorithm": summary.get("algorithm"),
-        "dataset": summary.get("dataset"),
-        "seed": summary.get("seed"),
-        "round": part.get("round"),
-        "rounds": summary["rounds"],
-    }
-    for key in SCORES:
-        s = part.get(key) or {}
-        row[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
-        row[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
-        if key != "global":
-            row[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
-    f1s = [r["personalization"]["f1"] for r in history if (r.get("personalization") or {})]
-    f1s = [v for v in f1s if v is not None]
+    with reading(source):
+        scores = {key: dict(part.get(key) or {}) for key in SCORES}
+        server = dict(part.get("server") or {})
+        scored_round = part.get("round")
+    with reading(run.path / SUMMARY):
+        rounds = max(int(summary["rounds"]), 1)
+        up, down = summary["comm"]["up_bytes"] / 1e6, summary["comm"]["down_bytes"] / 1e6
+        seconds = float(summary["time"]["total_s"])
+        row: dict[str, Any] = {
+            "run": name or run.path.name,
+            "algorithm": summary.get("algorithm"),
+            "dataset": summary.get("dataset"),
+            "seed": summary.get("seed"),
+            "round": scored_round,
+            "rounds": summary["rounds"],
+        }
+    with reading(source):
+        for key, s in scores.items():
+            row[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
+            row[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
+            if key != "global":
+                row[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
+    with reading(run.path / METRICS_FILE):
+        f1s = [r["personalization"]["f1"] for r in history if (r.get("personalization") or {})]
+        f1s = [float(v) for v in f1s if v is not None]
+        at = next((r for r in history if r["round"] == scored_round), None)
+        row["train_loss"] = None if at is None else at.get("train_loss")
     row["pers_f1_all_rounds"] = _pct(float(np.mean(f1s))) if f1s else None
-    at = next((r for r in history if r["round"] == part.get("round")), None)
-    row["train_loss"] = None if at is None else at.get("train_loss")
-    up, down = summary["comm"]["up_bytes"] / 1e6, summary["comm"]["down_bytes"] / 1e6
     row["MB_per_round"] = (up + down) / rounds
     row["up_MB_per_round"] = up / rounds
     row["down_MB_per_round"] = down / rounds
-    row["s_per_round"] = summary["time"]["total_s"] / rounds
+    row["s_per_round"] = seconds / rounds
     if domains:  # the clients' mean personalization accuracy per natural group (domain)
         record = at or {}
         if "pers_acc" not in record.get("clients", {}):
             raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")
-        with reading(run.path / PARTITION):
-            means = _domain_means(run, record, "pers_acc")
-        for label, value in means.items():
+        for label, value in _domain_means(run, record, "pers_acc").items():
             row[f"pers_acc[{label}]"] = 100.0 * value
-    for key, value in (part.get("server") or {}).items():  # the server's own metrics
+    for key, value in server.items():  # the server's own metrics
         if isinstance(value, int | float) and not isinstance(value, bool):
             row[f"server.{key}"] = float(value)
     row["path"] = str(run.path)
@@ -531,19 +533,26 @@ def group_scores(
     with reading(run.path / METRICS_FILE):
         if record is None or key not in record.get("clients", {}):
             raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
-    with reading(run.path / PARTITION):
-        return _domain_means(run, record, key)
+    return _domain_means(run, record, key)
 
 
 def _domain_means(run: RunDir, record: dict, key: str) -> dict[str, float]:
     """A per-client score of one metrics.jsonl record, averaged per natural group."""
     partition = run.read_json(PARTITION)
-    names = (partition.get("meta") or {}).get("group_names") or []
+    with reading(run.path / PARTITION):
+        names = (partition.get("meta") or {}).get("group_names") or []
+        group = [c.get("group") for c in partition["clients"]]
+    with reading(run.path / METRICS_FILE):
+        ids = record["clients"].get("client_ids") or range(len(record["clients"][key]))
+        pairs = [
+            (int(c), float(v))
+            for c, v in zip(ids, record["clients"][key], strict=True)
+            if v is not None and v == v  # not NaN
+        ]
     values: dict[object, list[float]] = {}
-    ids = record["clients"].get("client_ids") or range(len(record["clients"][key]))
-    for cid, value in zip(ids, record["clients"][key], strict=True):
-        if value is not None and value == value:  # not NaN
-            values.setdefault(partition["clients"][cid].get("group"), []).append(float(value))
+    for cid, value in pairs:
+        with reading(run.path / PARTITION):  # a client the partition does not have
+            values.setdefault(group[cid], []).append(value)
     ordered = sorted(values, key=lambda g: (g is None, g if g is not None else 0))
 
     def label(g: object) -> str:

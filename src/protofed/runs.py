@@ -59,7 +59,7 @@ def reading(path: Path) -> Iterator[None]:
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         raise ConfigError(
             f"{path}: not as protofed writes it ({type(exc).__name__}: {exc})"
-        ) from None
+        ) from exc
 
 
 def strict_json(obj: Any) -> Any:

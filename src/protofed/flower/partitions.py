@@ -47,19 +47,18 @@ def _exported(folder: Path) -> list[Path]:
 
 def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = False) -> list[Path]:
     """Write `client_<i>.npz` for every client of `cfg`'s federation into `out`, each file
-    complete or absent. A folder with anything in it is refused, or with `force` cleared of
-    an earlier export's files first: 3 new clients beside 10 old ones would pass for 10."""
+    complete or absent. A folder with anything in it is refused; with `force` an earlier
+    export's files are replaced and its extra clients removed once the new data are built
+    (3 new clients beside 10 old ones would pass for 10), other files are left alone."""
     if cfg.data.dynamic.enabled:
         raise ConfigError("data.dynamic needs every client's data in one process: simulation only")
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out: {folder} is a file, not a folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not force:
-            raise ConfigError(f"--out: {folder} is not empty; use --force to replace an export")
-        for old in _exported(folder):
-            old.unlink()
-    fed = build_federated(cfg.data, cfg.seed)
+    earlier = _exported(folder) if folder.is_dir() else []
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise ConfigError(f"--out: {folder} is not empty; use --force to replace an export")
+    fed = build_federated(cfg.data, cfg.seed)  # before a byte is replaced: bad data keep it
     folder.mkdir(parents=True, exist_ok=True)
     header = federation_header(fed)
     summary = fed.summary()
@@ -82,6 +81,8 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = Fals
             ),
         )
         paths.append(path)
+    for stale in set(earlier) - set(paths) - {folder / FEDERATION, folder / "partition.txt"}:
+        stale.unlink()  # an earlier export's clients beyond this one's
     atomic_write_text(folder / FEDERATION, json.dumps(summary, indent=2) + "\n")
     atomic_write_text(folder / "partition.txt", fed.counts_table() + "\n")
     return paths

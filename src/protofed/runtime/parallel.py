@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
@@ -132,6 +132,9 @@ def _serve(connection: Connection, parent: int) -> None:
             connection.send(
                 (False, RuntimeError(f"a worker's reply could not be sent: {error!r}"), "")
             )
+        # waiting for the next task, hold neither this one nor its reply: their tensors are
+        # shared-memory segments (a model, the server's records) the parent has let go of
+        del task, function, args, reply
 
 
 def _death(process: BaseProcess) -> str:
@@ -182,37 +185,45 @@ class WorkerPool:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
 
         `function` must be a module-level function (it crosses to the workers by name). A
-        worker gets its next task as soon as its reply is read, whatever the caller does
-        with the replies in between.
+        worker gets its next task when its reply is read, before the caller sees the reply;
+        a task's exception is raised in the tasks' order, as `Pool.imap` did.
         """
         return self._replies(function, list(tasks))
 
     def _replies(self, function: Callable[..., Any], tasks: list[tuple]) -> Iterator[Any]:
         busy: dict[int, int] = {}  # worker -> index of its task
-        done: dict[int, Any] = {}
+        done: dict[int, tuple[bool, Any, str]] = {}
         sent = returned = 0
         try:
             while returned < len(tasks):
-                while self._idle and sent < len(tasks):
-                    worker = self._idle.pop()
-                    self._pipes[worker].send((function, tasks[sent]))
-                    busy[worker] = sent
+                while self._idle and sent < len(tasks):  # work first: no worker waits on us
+                    self._send(self._idle.pop(), (function, tasks[sent]), busy, sent)
                     sent += 1
-                for worker in self._ready(list(busy) + list(self._stale)):
-                    ok, value, trace = self._receive(worker)
-                    self._idle.append(worker)
-                    if worker in self._stale:
-                        self._stale.discard(worker)
-                        continue
-                    index = busy.pop(worker)
+                if returned in done:  # in the tasks' order, a task's error included
+                    ok, value, trace = done.pop(returned)
+                    returned += 1
                     if not ok:
                         raise value from WorkerTraceback(trace)
-                    done[index] = value
-                while returned in done:
-                    yield done.pop(returned)
-                    returned += 1
+                    yield value
+                    continue
+                for worker in self._ready(list(busy) + list(self._stale)):
+                    reply = self._receive(worker)
+                    if worker in self._stale:
+                        self._stale.discard(worker)
+                    else:
+                        done[busy.pop(worker)] = reply
         finally:
             self._stale.update(busy)  # their replies are read, and dropped, by a later map
+
+    def _send(self, worker: int, task: tuple, busy: dict[int, int], index: int) -> None:
+        try:
+            self._pipes[worker].send(task)  # pickled whole before a byte is written
+        except OSError:
+            self._dead(worker)
+        except BaseException:
+            self._idle.append(worker)  # unpicklable: nothing was written, the worker waits
+            raise
+        busy[worker] = index
 
     def _ready(self, workers: list[int]) -> list[int]:
         """The workers among `workers` with a reply to read; a dead one stops the run."""
@@ -225,15 +236,19 @@ class WorkerPool:
         return [pipes[item] for item in ready if item in pipes]
 
     def _receive(self, worker: int) -> tuple[bool, Any, str]:
+        """A worker's reply, read whole; the worker is idle again whatever it holds."""
         try:
-            return self._pipes[worker].recv()
+            reply = self._pipes[worker].recv()
         except (EOFError, OSError):
             self._dead(worker)
-            raise  # unreachable: _dead raises
+        except Exception as error:  # read whole, then not unpicklable here
+            reply = (False, RuntimeError(f"a worker's reply could not be read: {error!r}"), "")
+        self._idle.append(worker)
+        return reply
 
-    def _dead(self, worker: int) -> None:
+    def _dead(self, worker: int) -> NoReturn:
         raise RunStopped(
-            f"worker process {self.processes[worker].pid}, training clients, died "
+            f"worker process {self.processes[worker].pid} died "
             f"({_death(self.processes[worker])}); the run keeps its last checkpoint "
             "(protofed run --resume DIR), or run with train.workers=1"
         )
