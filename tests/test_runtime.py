@@ -373,6 +373,21 @@ def test_a_workers_exception_keeps_its_type_and_the_pool_goes_on():
         pool.close()
 
 
+def test_a_map_that_finds_every_worker_taken_says_so():
+    """Two maps open at once, the first holding both workers: an error, not a wait forever."""
+    from protofed.runtime.parallel import WorkerPool
+
+    pool = WorkerPool(None, 2)
+    try:
+        first = pool.map(_square_after, [(i, 0.2) for i in range(4)])
+        assert next(first) == 0  # its next two tasks went out before this reply came back
+        with pytest.raises(RuntimeError, match="another map"):
+            list(pool.map(_square_after, [(5, 0.0)]))
+        assert list(first) == [1, 4, 9]
+    finally:
+        pool.close()
+
+
 def test_a_worker_killed_between_rounds_is_named_on_the_next_one():
     """The out-of-memory killer strikes an idle worker: the next map says so in one line."""
     from protofed.errors import RunStopped

@@ -206,6 +206,8 @@ class WorkerPool:
                         raise value from WorkerTraceback(trace)
                     yield value
                     continue
+                if not busy and not self._stale:  # every worker serves another open map
+                    raise RuntimeError("WorkerPool.map: another map still holds every worker")
                 for worker in self._ready(list(busy) + list(self._stale)):
                     reply = self._receive(worker)
                     if worker in self._stale:
@@ -241,7 +243,7 @@ class WorkerPool:
             reply = self._pipes[worker].recv()
         except (EOFError, OSError):
             self._dead(worker)
-        except Exception as error:  # read whole, then not unpicklable here
+        except Exception as error:  # read whole, but it does not unpickle here
             reply = (False, RuntimeError(f"a worker's reply could not be read: {error!r}"), "")
         self._idle.append(worker)
         return reply
