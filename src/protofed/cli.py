@@ -140,8 +140,8 @@ def summary_view(summary: dict) -> SummaryView:
     return table, cost, [str(w) for w in summary.get("warnings", [])]
 
 
-def print_summary(summary: dict | SummaryView, run_dir: Path | None = None) -> None:
-    table, cost, warnings = summary_view(summary) if isinstance(summary, dict) else summary
+def print_summary(view: SummaryView, run_dir: Path | None = None) -> None:
+    table, cost, warnings = view
     console.print(table)
     console.print(cost, highlight=False)
     for warning in warnings:
@@ -270,7 +270,7 @@ def run(
             soft_wrap=True,
         )
         raise typer.Exit(code=EXIT_DIVERGED)
-    print_summary(summary, out)
+    print_summary(summary_view(summary), out)
 
 
 @app.command()

@@ -184,11 +184,16 @@ def run_row(
     source = run.path / (METRICS_FILE if isinstance(which, int) else SUMMARY)
     with reading(source):
         part = _record_for(history, summary, which)
-    if part is None:
-        what = f"round {which} was not evaluated" if isinstance(which, int) else "no round scored"
-        raise NotScored(what)
-    with reading(source):
-        scores = {key: dict(part.get(key) or {}) for key in SCORES}
+        if part is None:
+            unscored = f"round {which} was not evaluated" if isinstance(which, int) else None
+            raise NotScored(unscored or "no round scored")
+        scores: dict[str, float | None] = {}
+        for key in SCORES:
+            s = part.get(key) or {}
+            scores[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
+            scores[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
+            if key != "global":
+                scores[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
         server = dict(part.get("server") or {})
         scored_round = part.get("round")
     with reading(run.path / SUMMARY):
@@ -203,18 +208,14 @@ def run_row(
             "round": scored_round,
             "rounds": summary["rounds"],
         }
-    with reading(source):
-        for key, s in scores.items():
-            row[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
-            row[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
-            if key != "global":
-                row[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
+    row.update(scores)
     with reading(run.path / METRICS_FILE):
         f1s = [r["personalization"]["f1"] for r in history if (r.get("personalization") or {})]
         f1s = [float(v) for v in f1s if v is not None]
         at = next((r for r in history if r["round"] == scored_round), None)
-        row["train_loss"] = None if at is None else at.get("train_loss")
+        loss = None if at is None else at.get("train_loss")
     row["pers_f1_all_rounds"] = _pct(float(np.mean(f1s))) if f1s else None
+    row["train_loss"] = loss
     row["MB_per_round"] = (up + down) / rounds
     row["up_MB_per_round"] = up / rounds
     row["down_MB_per_round"] = down / rounds

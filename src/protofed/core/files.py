@@ -19,6 +19,20 @@ from typing import BinaryIO
 from protofed.errors import ConfigError
 
 
+def npz_fault(exc: BaseException) -> str:
+    """Why an `.npz` did not load, as a phrase for a one-line error. numpy's text for object
+    arrays suggests `allow_pickle=True`, which protofed never does, so it is not passed on."""
+    if "pickle" in str(exc):
+        return "pickled arrays, never loaded: save plain numeric arrays"
+    return first_line(exc)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as `Type: first line of its message`, for a one-line error."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def fsync_dir(folder: Path) -> None:
     """Make a rename in `folder` durable (a no-op where folders cannot be opened)."""
     with contextlib.suppress(OSError):

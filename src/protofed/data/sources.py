@@ -28,6 +28,7 @@ import pandas as pd
 
 from protofed import plugins
 from protofed.config import DataConfig
+from protofed.core.files import first_line, npz_fault
 from protofed.data.harmonize import COMBINED_CHANNELS, HAR_WINDOWS, combined
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
@@ -112,17 +113,7 @@ def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if isinstance(exc, ConfigError):
             raise
-        if "pickle" in str(exc):  # numpy's message would suggest allow_pickle=True
-            raise ConfigError(
-                f"{path}: holds pickled (object) arrays, which protofed never loads; "
-                "save plain numeric arrays"
-            ) from None
-        raise ConfigError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        raise ConfigError(f"{path}: not a readable .npz file ({npz_fault(exc)})") from None
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
@@ -737,7 +728,7 @@ def _arrays_from_table(
     except pd.errors.EmptyDataError:
         raise ConfigError(f"{path}: the file is empty (shape (0, 0))") from None
     except (ValueError, OSError) as exc:  # a ragged row, bytes that are not UTF-8, bad parquet
-        raise ConfigError(f"{path}: not a readable table ({_first_line(exc)})") from None
+        raise ConfigError(f"{path}: not a readable table ({first_line(exc)})") from None
     if len(frame) == 0:
         raise ConfigError(f"{path}: the table has no rows (shape {frame.shape})")
     label, group_col = cfg.label_column, cfg.group_column
@@ -971,7 +962,7 @@ def load_dataset(cfg: DataConfig) -> Dataset:
         # a damaged file under the data root (truncated, bit-flipped, renamed, empty)
         where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
         raise ConfigError(
-            f"data.name={cfg.name}: {where}cannot read its files ({_first_line(exc)}); "
+            f"data.name={cfg.name}: {where}cannot read its files ({first_line(exc)}); "
             f"fetch them again with protofed data fetch {cfg.name} --force"
         ) from None
     _finite(ds.X, f"data.name={cfg.name}: the features after the cast to {ds.X.dtype}")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from protofed.config import ExperimentConfig
-from protofed.core.files import atomic_write, atomic_write_text
+from protofed.core.files import atomic_write, atomic_write_text, npz_fault
 from protofed.data.federated import SPLITS, ClientData, FederatedData, build_federated
 from protofed.errors import ConfigError
 from protofed.flower.wire import data_fingerprint
@@ -37,12 +37,8 @@ def federation_header(fed: FederatedData) -> dict[str, Any]:
     return {k: v for k, v in fed.summary().items() if k not in ("clients", "counts")}
 
 
-def _exported(folder: Path) -> list[Path]:
-    return [
-        p
-        for p in folder.iterdir()
-        if p.name in (FEDERATION, "partition.txt") or _CLIENT_FILE.fullmatch(p.name)
-    ]
+def _client_files(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if _CLIENT_FILE.fullmatch(p.name)]
 
 
 def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = False) -> list[Path]:
@@ -55,7 +51,7 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = Fals
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out: {folder} is a file, not a folder")
-    earlier = _exported(folder) if folder.is_dir() else []
+    earlier = _client_files(folder) if folder.is_dir() else []
     if folder.is_dir() and any(folder.iterdir()) and not force:
         raise ConfigError(f"--out: {folder} is not empty; use --force to replace an export")
     fed = build_federated(cfg.data, cfg.seed)  # before a byte is replaced: bad data keep it
@@ -81,7 +77,7 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = Fals
             ),
         )
         paths.append(path)
-    for stale in set(earlier) - set(paths) - {folder / FEDERATION, folder / "partition.txt"}:
+    for stale in set(earlier) - set(paths):
         stale.unlink()  # an earlier export's clients beyond this one's
     atomic_write_text(folder / FEDERATION, json.dumps(summary, indent=2) + "\n")
     atomic_write_text(folder / "partition.txt", fed.counts_table() + "\n")
@@ -131,5 +127,6 @@ def load_partition(path: str | Path) -> Partition:
             header["federation"],
         )
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
-        why = "pickled arrays, never loaded" if "pickle" in str(exc) else type(exc).__name__
-        raise ConfigError(f"{p}: not a partition file of protofed flower export ({why})") from None
+        raise ConfigError(
+            f"{p}: not a partition file of protofed flower export ({npz_fault(exc)})"
+        ) from None

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from protofed.config import ExperimentConfig
-from protofed.core.files import atomic_write
+from protofed.core.files import atomic_write, npz_fault
 from protofed.core.types import Arrays, Records
 from protofed.errors import ConfigError
 from protofed.prototypes import embedding_means
@@ -120,6 +120,5 @@ def read_kept(run_dir: str | Path) -> dict[int, dict[str, tuple[np.ndarray, np.n
                 names = [k for k in data.files if k != "round" and not k.endswith(CLASSES)]
                 kept[r] = {n: (data[n], data[n + CLASSES]) for n in names}
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            why = "pickled arrays, never loaded" if "pickle" in str(exc) else exc
-            raise ConfigError(f"{path}: not a kept-prototypes file ({why})") from None
+            raise ConfigError(f"{path}: not a kept-prototypes file ({npz_fault(exc)})") from None
     return kept

@@ -133,11 +133,6 @@ def build_model_and_algorithm(
         torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
         model = build_model(cfg.model, input_shape, num_classes)
     if cfg.model.init is not None:  # `protofed pretrain`'s encoder and prototypes
-        if cfg.model.name != "hart":
-            raise ConfigError(
-                f"model.init: a checkpoint of protofed pretrain holds HART's encoder; "
-                f"model.name is {cfg.model.name}, set model.name=hart"
-            )
         load_init(model, cfg.model.init)
     model.to(device)
     setting = Setting(

@@ -344,10 +344,12 @@ def load_init(model: nn.Module, path: str | Path) -> dict[str, Any]:
     is not.
     """
     tensors, meta = read_checkpoint(path)
+    if not any(isinstance(m, HartBlock) for m in model.modules()):  # an MLP has features.* too
+        raise ConfigError(
+            f"model.init: the model has no HART encoder to load {path} into; set model.name=hart"
+        )
     state = model.state_dict()
     wanted = [k for k in state if is_encoder_key(k)]
-    if not wanted:
-        raise ConfigError(f"model.init: the model has no HART encoder to load {path} into")
     for key in wanted:
         if key not in tensors:
             raise ConfigError(
