@@ -99,15 +99,49 @@ def test_run_then_report(tmp_path):
 
 
 def test_report_of_an_unfinished_run_is_an_error(tmp_path):
-    result = runner.invoke(app, ["report", str(tmp_path)])
-    assert result.exit_code == 2
+    import protofed
+
+    class Stop(Exception):
+        pass
+
+    def stop(r, info, record):
+        raise Stop  # after round 1 of 2: a run killed before its summary
+
+    config = {"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}}
+    with pytest.raises(Stop):
+        protofed.run(config, tmp_path / "r", on_round=stop, **{"train.rounds": 2})
+    assert not (tmp_path / "r" / "summary.json").exists()
+    for target in (tmp_path / "r", tmp_path):  # the run itself, or the folder holding it
+        result = runner.invoke(app, ["report", str(target)])
+        assert result.exit_code == 2
+        line = _error_line(result)
+        assert "no finished run" in line and "unfinished (resume it)" in line, line
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["report", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "no run directory" in _error_line(result)
 
 
 def test_list_names_every_part():
-    result = runner.invoke(app, ["list"])
+    from protofed.algorithms import ALGORITHMS
+    from protofed.data import DATASETS, PARTITIONERS
+    from protofed.models import MODELS
+
+    result = runner.invoke(app, ["list"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    for name in ("fedavg", "ditto", "uci_har", "dirichlet", "harcnn", "cnn1d", "arrays"):
-        assert name in result.output
+    rows = {}  # first word -> the rest of its line, under each table's title
+    for line in result.output.splitlines():
+        if line.startswith(" ") and line.strip():
+            name, _, rest = line.strip().partition(" ")
+            rows[name] = rest.strip()
+    described = {
+        **{n: c.summary for n, c in ALGORITHMS.items()},
+        **{n: d.description for n, d in DATASETS.items()},
+        **{n: p[0] if isinstance(p, tuple) else p.description for n, p in PARTITIONERS.items()},
+        **{n: m.description for n, m in MODELS.items()},
+    }
+    assert len(described) > 50 and set(rows) == set(described)  # every part, nothing else
+    for name, text in described.items():
+        assert rows[name] == text, name
 
 
 def test_entry_point_exit_code(tmp_path):

@@ -324,14 +324,18 @@ def test_a_batch_dependent_model_never_shares_embeddings():
     """FedAli's ALP layers balance over the batch (`inference="batch"`): reusing one pass's
     embeddings for inputs batched otherwise would change predictions."""
     from protofed.config import ModelConfig
+    from protofed.evaluation import Evaluator
     from protofed.models import build_model
 
     def hart(inference: str):
         alp = {"enabled": True, "prototypes": [4] * 6, "inference": inference}
-        return build_model(ModelConfig(name="hart", alp=alp), (3, 128), 6)
+        return build_model(ModelConfig(name="hart", alp=alp), (2, 32), 10)
 
     assert hart("batch").batch_dependent and not hart("sample").batch_dependent
-    assert not build_model(ModelConfig(name="hart"), (3, 128), 6).batch_dependent
+    assert not build_model(ModelConfig(name="hart"), (2, 32), 10).batch_dependent
+    fed = _digits_federation((2, 32))
+    assert not Evaluator(fed, hart("batch")).share_bodies  # what the flag is for
+    assert Evaluator(fed, hart("sample")).share_bodies
 
 
 def _digits_federation(shape: tuple[int, ...], clients: int = 5, size: int = 120):

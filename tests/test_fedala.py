@@ -194,8 +194,10 @@ def test_cached_embeddings_train_the_same_weights_as_full_forward_passes(
     digits_clients, monkeypatch
 ):
     settings = AlaSettings(threshold=1e9)
+    assert _ala._fixed_function(mlp(0).features)  # the first run takes the cached path ...
+    assert not _ala._fixed_function(BNNet().features)  # (BatchNorm: never cached)
     *_, cached, _ = _adapt(digits_clients[1], settings)
-    monkeypatch.setattr(_ala, "_fixed_function", lambda module: False)
+    monkeypatch.setattr(_ala, "_fixed_function", lambda module: False)  # ... this one, not
     *_, full, _ = _adapt(digits_clients[1], settings)
     for k in cached:
         assert torch.allclose(cached[k], full[k], atol=1e-5), k
@@ -419,15 +421,47 @@ def test_plugin_runs_and_adds_zero_bytes(name):
         assert {k.rsplit(".", 1)[0] for k in w} == {expected}
 
 
-def test_ditto_applies_ala_to_its_personal_model():
+def test_ditto_applies_ala_to_its_personal_model(digits_clients, monkeypatch):
+    """Ditto ("state"): ALA mixes the personal model v it kept with the received global
+    model, and Ditto's `fit` trains its personal model from that theta_hat; the message (its
+    FedAvg part) is handed over untouched."""
+    model = mlp(0)
+    setting = Setting(2, 10, TRAIN, weights_of(model))
+    algo = with_ala(ALGORITHMS["ditto"])(
+        ALGORITHMS["ditto"].Params(), setting, ala=AlaSettings(threshold=1e9)
+    )
+    seen = []
+    real = ALGORITHMS["ditto"].fit
+
+    def spy(self, client, message, state):
+        seen.append((message, {k: dict(v) for k, v in state.items()}))
+        return real(self, client, message, state)
+
+    monkeypatch.setattr(ALGORITHMS["ditto"], "fit", spy)
+    first = algo.fit(client_for(digits_clients[0], model), {MODEL: weights_of(mlp(1))}, {})
+    assert seen[-1][1] == {} and first.state.keys() == {PERSONAL}  # no v yet: nothing to adapt
+    glob = {MODEL: weights_of(mlp(2))}  # the next round's global model
+    second = algo.fit(client_for(digits_clients[0], model), glob, first.state)
+    message, state = seen[-1]
+    assert message is glob and state.keys() == {PERSONAL}
+    assert second.state.keys() == {PERSONAL, WEIGHTS}  # no LOCAL: v is Ditto's own record
+    w, v = second.state[WEIGHTS], first.state[PERSONAL]
+    assert set(w) == {"head.weight", "head.bias"}
+    for k, t in state[PERSONAL].items():  # theta_hat: global below, v and global mixed on top
+        expected = torch.lerp(v[k], glob[MODEL][k], w[k]) if k in w else glob[MODEL][k]
+        assert torch.equal(t, expected), k
+    assert not torch.equal(state[PERSONAL]["head.weight"], glob[MODEL]["head.weight"])
+    assert not torch.equal(state[PERSONAL]["head.weight"], v["head.weight"])
+    personal = algo.client_model(glob, second.state)  # Ditto's trained v, either way
+    assert all(torch.equal(personal[k], t) for k, t in second.state[PERSONAL].items())
+
     sim = _sim("algorithm.name=ditto", "algorithm.ala.enabled=true", "train.rounds=2")
     sim.run()
     state = sim.client_state(0)
-    assert LOCAL not in state  # the local model is Ditto's own state
+    assert LOCAL not in state and WEIGHTS in state  # the local model is Ditto's own state
     assert {k for k in state if k not in OWN} == {PERSONAL}
-    personal = state[PERSONAL]
-    assert personal.keys() == sim.server[MODEL].keys()
-    assert sim.algorithm.client_model(sim.server, state) == personal
+    assert state[PERSONAL].keys() == sim.server[MODEL].keys()
+    assert sim.algorithm.client_model(sim.server, state) == state[PERSONAL]
 
 
 @pytest.mark.parametrize("name", ["local", "centralized", "fedala"])

@@ -212,9 +212,20 @@ def test_sample_mode_is_batch_independent() -> None:
     assert torch.allclose(together, alone, atol=1e-6)
 
 
-def test_small_epsilon_uses_the_log_domain_and_stays_finite() -> None:
+def test_small_epsilon_uses_the_log_domain_and_stays_finite(monkeypatch) -> None:
+    from protofed.nn import alp
+
+    calls: list[float] = []
+    real = alp.sinkhorn_log
+
+    def spy(scores, epsilon, iterations):
+        calls.append(epsilon)
+        return real(scores, epsilon, iterations)
+
+    monkeypatch.setattr(alp, "sinkhorn_log", spy)
     layer = _layer(epsilon=1e-3).train()
     out = layer(_tokens())
+    assert calls and set(calls) == {1e-3}  # exp(1 / 1e-3) overflows: the log domain matched
     assert torch.isfinite(out).all() and torch.isfinite(layer.local_prototypes).all()
 
 

@@ -10,8 +10,24 @@ import torch
 from protofed.config import ModelConfig, TrainConfig
 from protofed.models import build_model
 from protofed.nn import linear
+from protofed.training import loop
 from protofed.training.fused import Kernels, sequential_layers
 from protofed.training.loop import _fused_layers, cross_entropy, make_optimizer, train_epochs
+
+
+def _count_fused_steps(monkeypatch) -> list[int]:
+    """Spy on the autograd-free step: one entry per step it takes, so a test comparing the
+    two paths can tell that `fused=True` really ran without autograd (else both arms would run
+    the autograd loop and agree vacuously)."""
+    calls: list[int] = []
+    real = loop.fused_step
+
+    def spy(layers, x, y, update):
+        calls.append(len(y))
+        return real(layers, x, y, update)
+
+    monkeypatch.setattr(loop, "fused_step", spy)
+    return calls
 
 
 @pytest.mark.parametrize(
@@ -36,12 +52,14 @@ def test_fused_sgd_equals_autograd(name, shape, hidden, threads, onednn, monkeyp
     model = build_model(cfg, shape, 6)
     assert sequential_layers(model) is not None
     x, y = torch.randn(53, *shape), torch.randint(0, 6, (53,))
+    steps = _count_fused_steps(monkeypatch)
     results = []
     for fused in (True, False):
         m = copy.deepcopy(model)
         train = TrainConfig(batch_size=10, lr=0.05, local_epochs=2, fused=fused)
         metrics = train_epochs(m, x, y, train, torch.Generator().manual_seed(1))
         results.append((m.state_dict(), metrics))
+        assert len(steps) == 12  # fused: all 12 steps without autograd; not fused: none more
     (fast, fast_m), (ref, ref_m) = results
     assert fast_m["steps"] == ref_m["steps"] == 12
     assert fast_m["loss"] == pytest.approx(ref_m["loss"], rel=1e-5)
@@ -59,18 +77,20 @@ OPTIMIZERS = {
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize(("name", "shape"), [("harcnn", (9, 128)), ("cnn1d", (6, 128))])
-def test_every_optimizer_without_autograd_equals_autograd(optimizer, name, shape):
+def test_every_optimizer_without_autograd_equals_autograd(optimizer, name, shape, monkeypatch):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=name), shape, 6)
     x, y = torch.randn(53, *shape), torch.randint(0, 6, (53,))
     base = OPTIMIZERS[optimizer].model_copy(update={"batch_size": 10, "local_epochs": 2})
+    steps = _count_fused_steps(monkeypatch)
     results = []
     for fused in (True, False):
         m = copy.deepcopy(model)
         train = base.model_copy(update={"fused": fused})
         metrics = train_epochs(m, x, y, train, torch.Generator().manual_seed(1))
         results.append((m, metrics))
+        assert len(steps) == 12  # fused: all 12 steps without autograd; not fused: none more
     (fast, fast_m), (ref, ref_m) = results
     assert fast_m["steps"] == ref_m["steps"] == 12
     assert fast_m["loss"] == pytest.approx(ref_m["loss"], rel=1e-5)

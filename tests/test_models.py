@@ -68,7 +68,10 @@ def test_trains_one_step(name: str, shape: tuple[int, ...]) -> None:
     model = _build(name, shape).train()
     x, y = torch.randn(BATCH, *shape), torch.randint(0, NUM_CLASSES, (BATCH,))
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    assert all(p.grad is not None for p in model.parameters())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert model.head.weight.grad.abs().sum() > 0  # the loss reaches the head, not just zeros
+    body = set(model.param_groups()["features"])
+    assert any(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n in body)
 
 
 @pytest.mark.parametrize(("name", "shape"), CASES)

@@ -262,9 +262,19 @@ WINDOWS = {
 @pytest.mark.parametrize(
     "algorithm", ["fedavg", "pfedme", "fedclar", "fedpac", "protohar", "fednh", "feddpa", "fedali"]
 )
-def test_a_run_aggregates_with_the_configured_rule(tmp_path, algorithm: str) -> None:
+def test_a_run_aggregates_with_the_configured_rule(tmp_path, monkeypatch, algorithm: str) -> None:
     """Every method that averages through `Algorithm.average` runs under aggregation.rule=median
     with a norm check against its own server state, and reports the dropped replies."""
+    from protofed.algorithms.common import aggregation
+
+    medians: list[int] = []  # the rule really taken: replies per coordinate_median call
+    real = aggregation.coordinate_median
+
+    def spy(replies, records=None):
+        medians.append(len(replies))
+        return real(replies, records)
+
+    monkeypatch.setattr(aggregation, "coordinate_median", spy)
     config, extra = DIGITS, {}
     if algorithm == "fedclar":
         extra = {"algorithm.cluster_round": 1}
@@ -282,6 +292,7 @@ def test_a_run_aggregates_with_the_configured_rule(tmp_path, algorithm: str) -> 
     assert run.config.aggregation.rule == "median"
     assert run.summary.rounds == 2
     assert run.history["server.dropped_replies"].eq(0).all()  # honest clients only
+    assert sum(medians) >= 2 * 5  # every reply of both rounds (FedCLAR: cluster by cluster)
 
 
 def test_setting_defaults_to_the_plain_mean() -> None:

@@ -151,8 +151,11 @@ def test_fedavg_keeps_no_per_client_state():
 def test_threads_setting_is_applied():
     before = torch.get_num_threads()
     try:
+        torch.set_num_threads(3)  # not what either run asks for: a no-op cannot pass
         prepare(_cfg("train.threads=1"))
         assert torch.get_num_threads() == 1
+        prepare(_cfg("train.threads=2"))
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
