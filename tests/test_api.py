@@ -96,10 +96,16 @@ def test_an_unfinished_run_says_how_to_continue(tmp_path) -> None:
     with pytest.raises(Stop):
         protofed.run(DIGITS, tmp_path / "r", on_round=stop)
     run = protofed.load_run(tmp_path / "r")
-    with pytest.raises(ConfigError, match="--resume"):
+    with pytest.raises(ConfigError, match="protofed.resume"):
         _ = run.summary
     assert len(run.history) == 4  # round 1 was evaluated before the stop
     assert isinstance(run.client_model(0), torch.nn.Module)  # round 1 was checkpointed
+    rounds = []
+    resumed = protofed.resume(tmp_path / "r", on_round=lambda r, info, record: rounds.append(r))
+    assert rounds == [2, 3]  # from the checkpoint on
+    whole = protofed.run(DIGITS, tmp_path / "whole")
+    assert resumed.summary.final == whole.summary.final  # the numbers of an unbroken run
+    assert protofed.resume(tmp_path / "r").summary.final == whole.summary.final  # finished
 
 
 def _readme_examples() -> list[str]:
@@ -118,3 +124,95 @@ def test_the_readme_python_api_examples_run(tmp_path, monkeypatch) -> None:
         exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     assert isinstance(namespace["run"], protofed.Run)
     assert np.isfinite(namespace["run"].summary.final["personalization"]["acc"])
+    # the custom algorithm really trains: at server_lr=1 it is FedAvg, number for number
+    # (a fit that copied the weights before training would keep the initial model)
+    same = {**namespace["digits"], "train": {"rounds": 2, "lr": 0.1}}
+    step = protofed.run(same, out="step", algorithm={"name": "server_step", "server_lr": 1.0})
+    fedavg = protofed.run(same, out="fedavg", algorithm={"name": "fedavg"})
+    scores = ("personalization", "global")
+    assert [step.summary.final[s] for s in scores] == [fedavg.summary.final[s] for s in scores]
+
+
+def test_a_run_that_never_beats_chance_warns_the_python_caller(tmp_path) -> None:
+    """The classic slip in a custom `fit`: the reply's weights copied before training, so
+    the server never moves. The CLI prints the summary's warning; `protofed.run` warns."""
+    from protofed.algorithms import ALGORITHMS
+    from protofed.algorithms.base import MODEL, Algorithm, FitResult
+
+    @protofed.register_algorithm
+    class CopiesFirst(Algorithm):
+        name = "copies_first"
+        summary = "replies with the weights it received (a bug)"
+
+        def fit(self, client, message, state):
+            client.load(message[MODEL])
+            return FitResult({MODEL: client.weights()}, client.train_model())
+
+    try:
+        with pytest.warns(RuntimeWarning, match="never beat chance.*`fit` trains before"):
+            run = protofed.run(DIGITS, tmp_path / "r", algorithm={"name": "copies_first"})
+        assert run.summary.warnings and "never beat chance" in run.summary.warnings[0]
+    finally:
+        ALGORITHMS.pop("copies_first")
+
+
+def _as_numpy(r):
+    from protofed.algorithms.base import FitResult
+
+    return FitResult({"model": {k: v.numpy() for k, v in r.reply["model"].items()}})
+
+
+def _fit_faults():
+    from protofed.algorithms.base import FitResult
+
+    return {
+        "a dict": (lambda r: r.reply, "Bad.fit: must return a FitResult, not dict"),
+        "one level": (
+            lambda r: FitResult(r.reply["model"]),
+            "Bad.fit: record 'head.weight' must be a dict of tensors, not Tensor",
+        ),
+        "numpy": (_as_numpy, "'model.head.weight' must be a torch.Tensor, not ndarray"),
+        "tensor metric": (
+            lambda r: FitResult(r.reply, {"loss": torch.tensor(1.0)}),
+            "Bad.fit: metric 'loss' must be a number, not Tensor",
+        ),
+    }
+
+
+def _aggregate_faults():
+    from protofed.algorithms.base import AggregateResult
+
+    return {
+        "Averaged": (lambda a: a, "Bad.aggregate: must return an AggregateResult, not Averaged"),
+        "str metric": (
+            lambda a: AggregateResult(a.records, {"n": "two"}),
+            "Bad.aggregate: metric 'n' must be a number, not str",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", [*_fit_faults(), *_aggregate_faults()])
+def test_a_hook_returning_the_wrong_thing_is_named(tmp_path, case) -> None:
+    """A custom algorithm's `fit` or `aggregate` returning the wrong shape of thing fails at
+    once with the hook named, not deep in an engine."""
+    from protofed.algorithms.fedavg import FedAvg
+    from protofed.runs import RunDir
+    from protofed.runtime import simulate
+
+    fit, fit_error = _fit_faults().get(case, (None, None))
+    aggregate, aggregate_error = _aggregate_faults().get(case, (None, None))
+
+    class Bad(FedAvg):
+        def fit(self, client, message, state):
+            result = super().fit(client, message, state)
+            return result if fit is None else fit(result)
+
+        def aggregate(self, server, replies, server_round):
+            if aggregate is None:
+                return super().aggregate(server, replies, server_round)
+            return aggregate(self.average(replies, reference=server))
+
+    prepared = prepare(protofed.resolve_config(DIGITS, **{"model.hidden": []}))
+    prepared.algorithm = Bad(prepared.algorithm.params, prepared.algorithm.setting)
+    with pytest.raises(TypeError, match=re.escape(fit_error or aggregate_error)):
+        simulate(prepared, RunDir.create(tmp_path / "r", {}, {}, "")).run()

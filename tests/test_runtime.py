@@ -474,7 +474,8 @@ def test_server_metrics_reach_the_metrics_file_and_the_summary(tmp_path):
 
         def fit(self, client, message, state):
             client.load(message["model"])
-            return FitResult({"model": client.weights()}, client.train_model())
+            metrics = client.train_model()
+            return FitResult({"model": client.weights()}, metrics)
 
         def aggregate(self, server, replies, server_round):
             mean, seen = weighted_mean(replies)
