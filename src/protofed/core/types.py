@@ -14,6 +14,7 @@ docs/architecture.md).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,6 +93,48 @@ class Client(Protocol):
     def weights(self) -> Arrays: ...
 
     def train_model(self, **kwargs) -> Metrics: ...
+
+
+def _records_fault(records: object) -> str | None:
+    if not isinstance(records, dict):
+        return f"a dict of records, not {type(records).__name__}"
+    for name, arrays in records.items():
+        if not isinstance(arrays, dict):
+            return f"record '{name}' must be a dict of tensors, not {type(arrays).__name__}"
+        for key, value in arrays.items():
+            if not isinstance(value, torch.Tensor):
+                return f"'{name}.{key}' must be a torch.Tensor, not {type(value).__name__}"
+    return None
+
+
+def _metrics_fault(metrics: object) -> str | None:
+    if not isinstance(metrics, dict):
+        return f"metrics must be a dict, not {type(metrics).__name__}"
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return f"metric '{key}' must be a number, not {type(value).__name__}"
+    return None
+
+
+def check_result(result: object, hook: str, algorithm: str) -> None:
+    """A TypeError naming the hook when an algorithm's `fit` or `aggregate` returns the
+    wrong shape of thing, before it fails obscurely deep in an engine (cheap: no tensor is
+    read)."""
+    expected = FitResult if hook == "fit" else AggregateResult
+    fault = None
+    if not isinstance(result, expected):
+        article = "an" if expected is AggregateResult else "a"
+        fault = f"must return {article} {expected.__name__}, not {type(result).__name__}"
+    elif isinstance(result, FitResult):
+        fault = (
+            _records_fault(result.reply)
+            or _metrics_fault(result.metrics)
+            or _records_fault(result.state)
+        )
+    else:
+        fault = _records_fault(result.server) or _metrics_fault(result.metrics)
+    if fault is not None:
+        raise TypeError(f"{algorithm}.{hook}: {fault}")
 
 
 def nbytes(records: Records) -> int:

@@ -18,7 +18,7 @@ import torch
 from protofed.algorithms import Algorithm
 from protofed.config import ExperimentConfig
 from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
-from protofed.core.types import Arrays, FitResult, Records, Reply, clone, nbytes
+from protofed.core.types import Arrays, FitResult, Records, Reply, check_result, clone, nbytes
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
 from protofed.runtime.parallel import WorkerPool
@@ -51,7 +51,9 @@ def run_fit(
         server_round=server_round,
         generator=torch_generator(seed, CLIENT_TRAIN, server_round, client + 1),
     )
-    return algorithm.fit(context, message, state)
+    result = algorithm.fit(context, message, state)
+    check_result(result, "fit", type(algorithm).__name__)
+    return result
 
 
 def keeps_trained(cfg: ExperimentConfig) -> bool:

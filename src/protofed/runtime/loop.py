@@ -22,7 +22,7 @@ import torch
 
 from protofed.config import TrainConfig
 from protofed.core.seeding import sample_clients
-from protofed.core.types import Arrays, Metrics, Records, Reply, nbytes
+from protofed.core.types import Arrays, Metrics, Records, Reply, check_result, nbytes
 from protofed.evaluation import select_global_round, select_round
 from protofed.runs import RunDir, strict_json
 from protofed.runtime.fingerprint import fingerprint
@@ -220,6 +220,7 @@ class RoundLoop:
         t0 = time.perf_counter()
         stream = replies()
         result = self.algorithm.aggregate(self.server, stream, server_round)
+        check_result(result, "aggregate", type(self.algorithm).__name__)
         for _ in stream:  # every sampled client trains, even if aggregate stopped reading
             pass
         bad = nonfinite(result.server)
@@ -418,5 +419,6 @@ class RoundLoop:
             return []
         return [
             f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %): "
-            "check data.standardize, train.lr and the model"
+            "check data.standardize, train.lr, the model, and that the algorithm's `fit` trains "
+            "before it copies the weights it replies with"
         ]
