@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import protofed
+from protofed import plugins
 from protofed.errors import ConfigError
 
 BIN = Path(sys.executable).parent
@@ -183,3 +184,74 @@ def test_the_decorators_refuse_duplicates_and_wrong_types() -> None:
     with pytest.raises(ConfigError, match="already registered"):
         protofed.register_dataset("digits", "other digits")(lambda cfg: None)
     assert protofed.register_algorithm(FedAvg) is FedAvg  # registering the same class is a no-op
+
+
+def test_a_cell_run_twice_replaces_its_registration() -> None:
+    """A notebook cell (or a reloaded module) that defines and registers an algorithm, a
+    model and a data set again replaces them; another definition of the name is refused."""
+    from protofed.algorithms import ALGORITHMS
+    from protofed.data import DATASETS
+    from protofed.models import MODELS
+
+    cell = """
+import protofed
+from protofed.algorithms.fedavg import FedAvg
+
+@protofed.register_algorithm
+class TwiceRun(FedAvg):
+    name = "twice_run"
+    summary = "defined twice"
+
+@protofed.register_model("twice_run", "defined twice")
+def twice_model(cfg, shape, classes):
+    return None
+
+@protofed.register_dataset("twice_run", "defined twice")
+def twice_data(cfg):
+    return None
+"""
+    first: dict = {"__name__": "notebook_cell"}
+    second: dict = {"__name__": "notebook_cell"}
+    try:
+        exec(cell, first)  # noqa: S102 - our own code
+        exec(cell, second)  # noqa: S102
+        assert first["TwiceRun"] is not second["TwiceRun"]
+        assert ALGORITHMS["twice_run"] is second["TwiceRun"]
+        assert MODELS["twice_run"].build is second["twice_model"]
+        assert DATASETS["twice_run"].loader is second["twice_data"]
+        elsewhere: dict = {"__name__": "another_module"}
+        with pytest.raises(ConfigError, match="an algorithm named 'twice_run' is already"):
+            exec(cell, elsewhere)  # noqa: S102
+    finally:  # leave the registries as the other tests expect them
+        for table in (ALGORITHMS, MODELS, DATASETS):
+            table.pop("twice_run", None)
+
+
+def test_a_part_this_process_registered_stops_a_sweep_and_flower_before_they_start(tmp_path):
+    """An algorithm a script registers is known to this process only: a sweep's runs and
+    Flower's nodes, new processes, could not load it, so both refuse it up front and write
+    nothing, while `protofed.run` here runs it."""
+    import yaml
+
+    from protofed.algorithms import ALGORITHMS
+    from protofed.algorithms.fedavg import FedAvg
+    from protofed.sweep import load_spec, run_sweep
+
+    protofed.register_algorithm(
+        type("MyStep", (FedAvg,), {"name": "my_step", "summary": "s", "__module__": "__main__"})
+    )
+    try:
+        assert plugins.registered_here_only("algorithms", "my_step") == "__main__"
+        assert plugins.registered_here_only("algorithms", "fedavg") is None  # protofed's own
+        assert plugins.registered_here_only("models", "mlp") is None
+        spec = tmp_path / "spec.yaml"
+        base = {"data": {"name": "digits"}, "algorithm": {"name": "my_step"}}
+        spec.write_text(yaml.safe_dump({"base": base, "seeds": [0]}))
+        with pytest.raises(ConfigError, match="algorithm 'my_step' is registered by this process"):
+            run_sweep(load_spec(spec), tmp_path / "sweep")
+        with pytest.raises(ConfigError, match="Flower's nodes run in new processes"):
+            protofed.run(base, tmp_path / "flower", engine="flower")
+        assert not (tmp_path / "sweep").exists() and not (tmp_path / "flower").exists()
+        assert protofed.run(base, tmp_path / "here", **{"train.rounds": 1}).summary.rounds == 1
+    finally:
+        ALGORITHMS.pop("my_step")

@@ -18,7 +18,10 @@ import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from protofed.config import ExperimentConfig
 
 GROUPS = {
     "algorithms": "protofed.algorithms",
@@ -31,17 +34,32 @@ _current: str | None = None  # the distribution whose entry point is being loade
 ORIGINS: dict[tuple[str, str], str] = {}  # (kind, name) -> the distribution that provides it
 
 
-def register(kind: str, table: dict[str, Any], name: str, entry: Any) -> None:
-    """Put `entry` in a registry's `table` under `name`, remembering the plugin it came from.
+DEFINITIONS: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, name) -> (module, qualname)
 
-    Registering an equal entry again is a no-op; another entry of the name is an error naming
-    it (ConfigError, one line).
+
+def _definition(obj: Any) -> tuple[str, str]:
+    return getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", repr(obj))
+
+
+def register(kind: str, table: dict[str, Any], name: str, entry: Any, source: Any = None) -> None:
+    """Put `entry` (made from `source`, the decorated class or function; default `entry`) in a
+    registry's `table` under `name`, remembering the plugin it came from.
+
+    Registering an equal entry again is a no-op, and so is re-registering a redefinition of the
+    same module and qualified name (a notebook cell run twice, a reloaded module), which
+    replaces the old entry; another entry of the name is an error naming it (ConfigError, one
+    line).
     """
     from protofed.errors import ConfigError
 
-    if name in table and table[name] != entry:
-        raise ConfigError(f"a {kind[:-1]} named '{name}' is already registered ({table[name]!r})")
+    defined = _definition(entry if source is None else source)
+    if name in table and table[name] != entry and DEFINITIONS.get((kind, name)) != defined:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ConfigError(
+            f"{article} {kind[:-1]} named '{name}' is already registered ({table[name]!r})"
+        )
     table[name] = entry
+    DEFINITIONS[(kind, name)] = defined
     if _current is not None:
         ORIGINS[(kind, name)] = _current
 
@@ -52,7 +70,7 @@ def registrar(
     """A decorator that registers `entry(decorated)` under `name` and returns it unchanged."""
 
     def decorate(obj: Any) -> Any:
-        register(kind, table, name, entry(obj))
+        register(kind, table, name, entry(obj), source=obj)
         return obj
 
     return decorate
@@ -90,3 +108,38 @@ def load(kind: str, register: Callable[[Any], Any] | None = None) -> None:
             )
         finally:
             _current = None
+
+
+def registered_here_only(kind: str, name: str) -> str | None:
+    """The module that registered `name` if no other process can see it: user code that is
+    neither protofed's own nor in a package with an entry point of the group (a script, a
+    notebook). A sweep's runs and Flower's nodes are new processes: they would miss it."""
+    defined = DEFINITIONS.get((kind, name))
+    if defined is None or (kind, name) in ORIGINS:
+        return None
+    module = defined[0]
+    package = module.split(".")[0]
+    if package == "protofed":
+        return None
+    if module != "__main__" and any(
+        ep.module.split(".")[0] == package for ep in entry_points(group=GROUPS[kind])
+    ):
+        return None
+    return module
+
+
+def require_visible_elsewhere(cfg: ExperimentConfig, where: str) -> None:
+    """A one-line ConfigError when the config's algorithm, model or data set was registered by
+    this process only, so `where` (new processes) cannot load it."""
+    from protofed.errors import ConfigError
+
+    names = {"algorithms": cfg.algorithm.name, "models": cfg.model.name}
+    names["datasets"] = cfg.data.name
+    for kind, name in names.items():
+        module = registered_here_only(kind, name)
+        if module is not None:
+            raise ConfigError(
+                f"{kind[:-1]} '{name}' is registered by this process only (module {module}); "
+                f"{where} run in new processes, which see protofed's own parts and installed "
+                "plugins only: declare it as an entry point (docs/architecture.md, Adding an algorithm)"
+            )

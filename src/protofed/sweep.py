@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from protofed import plugins
 from protofed.config import ExperimentConfig, apply_overrides, build_config, load_raw, set_key
 from protofed.core.files import atomic_write_text, writing
 from protofed.errors import ConfigError
@@ -119,6 +120,7 @@ class SweepSpec(_Strict):
             key = item.split("=", 1)[0].strip()
             if key in keys or key == "seed" and self._seeds_given():
                 raise ConfigError(f"-s {key}: the sweep varies this key; change the spec instead")
+        overridden = dict(_flatten(apply_overrides({}, list(self.overrides))))
         ranked: list[tuple[int, SweepRun]] = []  # every run's first seed first, then as listed
         for variant in self.variants():
             grid = variant.grid if variant.grid is not None else self.grid
@@ -143,7 +145,8 @@ class SweepSpec(_Strict):
                     cfg = build_config(run_raw)
                     check_config(cfg)
                     name = self._name(variant, grid, combo, seed, cfg)
-                ranked.append((rank, SweepRun(name, cfg, changes)))
+                shown = {k: overridden.get(k, v) for k, v in changes.items()}  # what it runs
+                ranked.append((rank, SweepRun(name, cfg, shown)))
         runs = [run for _, run in sorted(ranked, key=lambda item: item[0])]  # stable
         _check_names(runs, self.source)
         return runs
@@ -571,6 +574,8 @@ def run_sweep(
         raise ConfigError(f"--time-limit must be positive (got {time_limit})")
     out = Path(out)
     every = spec.expand()
+    for r in every:
+        plugins.require_visible_elsewhere(r.config, "a sweep's runs")
     check_folder(out, spec, every, force)
     runs = select_runs(every, only)
     check_machine(runs, data_dir, spec.source)

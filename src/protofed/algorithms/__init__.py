@@ -71,7 +71,9 @@ ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
 def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
-    """Decorator: make `cls` known by its `name` to configs, the CLI and `protofed list`."""
+    """Decorator: make `cls` known by its `name` to configs in this process. The CLI, a
+    sweep's runs and Flower's nodes are new processes: they see it through an entry point
+    (protofed.plugins)."""
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"register_algorithm takes an Algorithm subclass, not {cls!r}")
     name = getattr(cls, "name", None)

@@ -41,6 +41,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from protofed import plugins
 from protofed.config import ExperimentConfig
 from protofed.core.types import MODEL, Arrays, Records, Reply, nbytes
 from protofed.data.federated import SPLITS, ClientData, FederatedData
@@ -538,6 +539,7 @@ def run_simulation_loop(loop: RoundLoop, on_round: OnRound | None = None) -> dic
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Like `runtime.start`, for Flower's simulation engine (run it with
     `run_simulation_loop`)."""
+    plugins.require_visible_elsewhere(cfg, "Flower's nodes")
     prepared = prepare(cfg)
     loop = simulation_loop(prepared)  # validates the Flower settings before any file exists
     loop.run_dir = RunDir.create(
