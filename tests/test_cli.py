@@ -37,7 +37,9 @@ def _error_line(result) -> str:
     [
         (["algorithm.name=fedavgg"], "did you mean 'fedavg'"),
         (["data.name=digitz"], "digits"),
-        (["data.nme=digits"], "unknown config key 'data.nme'"),
+        (["data.nme=digits"], "unknown config key 'data.nme' (did you mean 'data.name'?)"),
+        (["model.alp.topkk=2"], "'model.alp.topkk' (did you mean 'model.alp.topk'?)"),
+        (["zzz=1"], "unknown config key 'zzz'"),
         (["train.rounds=many"], "train.rounds"),
         (["data.alpha=0"], "data.alpha"),
         (["data.alpha=-1"], "data.alpha"),

@@ -228,3 +228,24 @@ def test_a_combined_federation_pretrains_on_the_sets_outside_it(shared_data: Pat
     cfg = _config(shared_data, "data.name=har_combined", "pretrain.datasets=[uci_har,wisdm]")
     with pytest.raises(ConfigError, match="includes the target data set 'wisdm'"):
         pooled_windows(cfg)
+
+
+def test_the_python_pretrain_writes_what_the_command_line_writes(
+    checkpoint: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    """`protofed.pretrain` is the command's code path: the same config gives the same
+    tensors; an existing file is kept unless `overwrite`."""
+    import protofed
+
+    epochs, described = [], []
+    out = protofed.pretrain(
+        _config(shared_data, "pretrain.epochs=1"),
+        tmp_path / "py.safetensors",
+        on_epoch=lambda epoch, loss: epochs.append(epoch),
+        on_start=described.append,
+    )
+    assert epochs == [1] and "uci_har 100, wisdm 100" in described[0]
+    ours, theirs = read_checkpoint(out)[0], read_checkpoint(checkpoint)[0]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    with pytest.raises(ConfigError, match="exists"):
+        protofed.pretrain(_config(shared_data), out)

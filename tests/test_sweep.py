@@ -240,6 +240,8 @@ def test_names_templates_and_variants(tmp_path: Path) -> None:
         "algorithm.mu": 0.1,
         "seed": 3,
     }
+    shortened = load_spec(spec).with_overrides(["train.rounds=1"]).expand()  # beats `set`
+    assert shortened[1].config.train.rounds == 1 and shortened[1].changes["train.rounds"] == 1
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")), ids=str)

@@ -1,26 +1,35 @@
 """protofed: personalized federated learning on heterogeneous real-world data.
 
-The public API: `run`, `load_run`, `Run`, `Summary`, `resolve_config` (protofed.api), and the
+The public API: `run`, `resume`, `pretrain`, `load_run`, `Run`, `Summary`, `resolve_config`
+(protofed.api), `ConfigError` (what every bad config, file or argument raises), and the
 decorators that add your own algorithm, model or data set to the registries.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-from protofed.api import Run, Summary, load_run, resolve_config, run
+from protofed.api import Run, Summary, load_run, pretrain, resolve_config, resume, run
+from protofed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from protofed.algorithms.base import Algorithm
 
 __version__ = "0.1.0"
+_A = TypeVar("_A", bound="type[Algorithm]")
+_F = TypeVar("_F", bound=Callable)
 
 
-def register_algorithm(cls: Any) -> Any:
-    """Decorator: an `Algorithm` subclass, known by its `name` (protofed.algorithms)."""
+def register_algorithm(cls: _A) -> _A:
+    """Decorator: an `Algorithm` subclass, known by its `name` in this process (a sweep's
+    runs, Flower's nodes and the CLI see it through an entry point: docs/architecture.md)."""
     from protofed.algorithms import register_algorithm as register
 
     return register(cls)
 
 
-def register_model(name: str, description: str, inputs: str = "any") -> Any:
+def register_model(name: str, description: str, inputs: str = "any") -> Callable[[_F], _F]:
     """Decorator for a model builder `(cfg, input_shape, num_classes) -> FedModel`."""
     from protofed.models import register_model as register
 
@@ -29,7 +38,7 @@ def register_model(name: str, description: str, inputs: str = "any") -> Any:
 
 def register_dataset(
     name: str, description: str, source: str = "", needs_root: bool = False
-) -> Any:
+) -> Callable[[_F], _F]:
     """Decorator for a data-set loader `(cfg: DataConfig) -> Dataset`."""
     from protofed.data import register_dataset as register
 
@@ -37,13 +46,16 @@ def register_dataset(
 
 
 __all__ = [
+    "ConfigError",
     "Run",
     "Summary",
     "__version__",
     "load_run",
+    "pretrain",
     "register_algorithm",
     "register_dataset",
     "register_model",
     "resolve_config",
+    "resume",
     "run",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from protofed.algorithms import Algorithm
     from protofed.models.base import FedModel
+    from protofed.runtime.loop import RoundLoop
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig | None
 
@@ -102,12 +104,14 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        """From summary.json's dict; keys this version does not know go to `extra`."""
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
         values = {k: data[k] for k in known if k in data}
         values.setdefault("engine", "builtin")
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
     def as_dict(self) -> dict[str, Any]:
+        """summary.json's dict again (`extra` merged back, empty `warnings` left out)."""
         out = asdict(self)
         skip = {"extra", *(("warnings",) if not self.warnings else ())}
         return {**{k: v for k, v in out.items() if k not in skip}, **out["extra"]}
@@ -129,14 +133,17 @@ class Run:
     # what the run directory says -----------------------------------------------------------
     @property
     def config(self) -> ExperimentConfig:
+        """The resolved config the run used (config.yaml), validated."""
         return build_config(self.dir.config())
 
     @property
     def summary(self) -> Summary:
+        """The final and selected scores, cost and warnings (summary.json); a ConfigError
+        while the run is unfinished."""
         if not self.dir.complete:
             raise ConfigError(
                 f"{self.path} has no {SUMMARY}: the run did not finish "
-                f"(continue it with protofed run --resume {self.path})"
+                f"(continue it: protofed.resume or protofed run --resume {self.path})"
             )
         summary = self.dir.read_json(SUMMARY)
         with reading(self.path / SUMMARY):
@@ -152,6 +159,7 @@ class Run:
 
     @property
     def client_names(self) -> list[str]:
+        """Each client's name by id (a subject, a user, a domain), from partition.json."""
         part = self.dir.read_json(PARTITION)
         with reading(self.path / PARTITION):
             return [c["name"] for c in part["clients"]]
@@ -273,8 +281,11 @@ def run(
     `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
     `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine). `log`:
     "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/ (docs/tracking.md).
+    `on_round(round, info, record)`: called after every round (`record`: the evaluated
+    round's metrics.jsonl line, else None). The summary's warnings (e.g. validation never
+    beat chance) are also issued as RuntimeWarnings.
     """
-    from protofed.tracking import Tracking, log_kinds
+    from protofed.tracking import log_kinds
 
     cfg = resolve_config(config, **overrides)
     logs = log_kinds(log)
@@ -297,7 +308,71 @@ def run(
         run_loop = functools.partial(run_simulation_loop, loop)
     else:
         raise ConfigError(f"unknown engine '{engine}' (builtin or flower)")
-    with Tracking(out, cfg.train.rounds, log=logs) as tracking:
+    return _drive(loop, run_loop, out, logs, on_round)
+
+
+def pretrain(
+    config: ConfigLike = None,
+    out: str | Path = "runs/pretrain/encoder.safetensors",
+    *,
+    overwrite: bool = False,
+    on_epoch: Callable[[int, float], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
+    **overrides: Any,
+) -> Path:
+    """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
+    windows of the HAR sets other than the config's (FedAli 5.4, docs/pretraining.md) and
+    write the checkpoint to `out`; start any run from it with `model.init=<out>`.
+    `on_start(description)` gets what will be trained on, `on_epoch(epoch, loss)` follows
+    the training. Nothing is written if it fails or is interrupted."""
+    from protofed.training.pretrain import Pretraining, save_checkpoint
+
+    cfg = resolve_config(config, **overrides)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} exists (overwrite=True or --force to replace it)")
+    job = Pretraining.build(cfg)
+    if on_start is not None:
+        on_start(job.describe())
+    job.run(on_epoch)
+    save_checkpoint(out, job.checkpoint())
+    return out
+
+
+def resume(
+    path: str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    on_round: Callable[[int, dict, dict | None], None] | None = None,
+    log: str | Sequence[str] = (),
+) -> Run:
+    """Continue a run that stopped before its summary (killed, interrupted) from its last
+    checkpoint; it ends with the numbers an uninterrupted run would have. A finished run is
+    returned as it is. `data_dir`: where the data are now, if not where the run recorded
+    (else $PROTOFED_DATA). A Flower run cannot resume: its client states lived on the nodes.
+    """
+    from protofed.runtime import resume as resume_loop
+    from protofed.tracking import log_kinds
+
+    logs = log_kinds(log)
+    if RunDir.open(path).complete:
+        return Run(path)
+    loop = resume_loop(path, data_dir)
+    return _drive(loop, loop.run, path, logs, on_round)
+
+
+def _drive(
+    loop: RoundLoop,
+    run_loop: Callable[[Callable[[int, dict, dict | None], None]], dict],
+    out: str | Path,
+    logs: Sequence[str],
+    on_round: Callable[[int, dict, dict | None], None] | None,
+) -> Run:
+    """Run the loop to its end with tracking and the caller's callback; warn what the
+    summary warns (the CLI prints it)."""
+    from protofed.tracking import Tracking
+
+    with Tracking(out, loop.cfg.train.rounds, loop.progress.server_round, logs) as tracking:
 
         def each(r: int, info: dict, record: dict | None) -> None:
             tracking(r, info, record)
@@ -305,4 +380,7 @@ def run(
                 on_round(r, info, record)
 
         run_loop(each)
-    return Run(out)
+    finished = Run(out)
+    for warning in finished.summary.warnings:
+        warnings.warn(warning, RuntimeWarning, stacklevel=3)
+    return finished

@@ -286,14 +286,10 @@ def pretrain(
 ) -> None:
     """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
     windows of the other HAR sets (FedAli 5.4; docs/pretraining.md); use with -s model.init=OUT."""
-    from protofed.training.pretrain import Pretraining, save_checkpoint
+    from protofed.api import pretrain as run_pretraining
 
     with user_errors():
         cfg = _config(config, set_, data_dir)
-        if out.exists() and not force:
-            raise ConfigError(f"{out} exists (--force to overwrite it)")
-        job = Pretraining.build(cfg)
-        err_console.print(job.describe(), highlight=False, soft_wrap=True)
         show = not quiet and sys.stderr.isatty() or os.environ.get("PROTOFED_PROGRESS") == "1"
         with (
             _progress_bar(show) as bar,
@@ -301,17 +297,19 @@ def pretrain(
         ):
             task = bar.add_task("pretrain", total=cfg.pretrain.epochs, status="")
 
+            def on_start(description: str) -> None:
+                err_console.print(description, highlight=False, soft_wrap=True)
+
             def on_epoch(epoch: int, loss: float) -> None:
                 bar.update(task, completed=epoch, status=f"loss {loss:.4f}")
                 if not show and not quiet:
                     print(f"epoch {epoch}/{cfg.pretrain.epochs} loss {loss:.4f}", file=sys.stderr)
 
             try:
-                job.run(on_epoch)
+                run_pretraining(cfg, out, overwrite=force, on_epoch=on_epoch, on_start=on_start)
             except KeyboardInterrupt:
                 err_console.print("interrupted: nothing written", highlight=False)
                 raise typer.Exit(code=EXIT_INTERRUPTED) from None
-        save_checkpoint(out, job.checkpoint())
     console.print(
         f"checkpoint: {out}; start a run from it with -s model.init={out}",
         highlight=False,

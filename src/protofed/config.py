@@ -10,6 +10,7 @@ validated by the algorithm's own typed model (see `protofed.algorithms`).
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -372,11 +373,24 @@ class ExperimentConfig(_Section):
         return self.model_dump(mode="json")
 
 
+def _close_key(loc: tuple[Any, ...]) -> str:
+    """ " (did you mean 'train.rounds'?)" for a misspelt key, from the fields of its section."""
+    section: type[BaseModel] = ExperimentConfig
+    for part in loc[:-1]:
+        field = section.model_fields.get(str(part))
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return ""
+        section = inner
+    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
+    return f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
+
+
 def _format_validation_error(err: ValidationError) -> str:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "config"
     if first["type"] == "extra_forbidden":
-        return f"unknown config key '{key}'"
+        return f"unknown config key '{key}'{_close_key(tuple(first['loc']))}"
     value = first.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
     return f"invalid value for '{key}': {first['msg']}{shown}"

@@ -481,6 +481,7 @@ def note(rows: list[dict], which: str | int = "selected") -> str:
 
 
 def to_markdown(rows: list[dict], which: str | int = "selected") -> str:
+    """The report's table (`cells` of `rows`) as GitHub markdown, as report.md writes it."""
     head, body = cells(rows)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(line) + " |" for line in body]

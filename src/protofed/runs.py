@@ -99,7 +99,8 @@ class RunDir:
         if existing and not overwrite:
             raise ConfigError(
                 f"run directory {run.path} already exists and is not empty "
-                "(use --resume to continue it, --force to overwrite, or another --out)"
+                "(continue it with --resume or protofed.resume, overwrite it with --force or "
+                "overwrite=True, or choose another)"
             )
         created = not run.path.exists()
         with writing(run.path):

@@ -50,9 +50,11 @@ class Client:
         return len(self.data.train_y)
 
     def load(self, arrays: Arrays) -> None:
+        """Copy these weights (all or some of the model's) into the workspace model."""
         load_weights(self.model, arrays)
 
     def weights(self) -> Arrays:
+        """A copy of the workspace model's weights as they are now: call it after training."""
         return model_weights(self.model)
 
     def train_model(
@@ -64,7 +66,12 @@ class Client:
         lr: float | None = None,
         after_step=None,
     ) -> Metrics:
-        """Train the workspace model on this client's training split."""
+        """Train the workspace model on this client's training split; its metrics.
+
+        `epochs`/`lr` replace `train.local_epochs`/`train.lr`; `loss_fn(model, x, y)` replaces
+        cross-entropy (proximal and contrastive terms); `parameters` limits what the optimizer
+        moves (FedRep's head, then body); `after_step()` runs after each step.
+        """
         return train_epochs(
             self.model,
             self.data.train_x,
