@@ -169,12 +169,20 @@ def _fit_faults():
         "a dict": (lambda r: r.reply, "Bad.fit: must return a FitResult, not dict"),
         "one level": (
             lambda r: FitResult(r.reply["model"]),
-            "Bad.fit: record 'head.weight' must be a dict of tensors, not Tensor",
+            "Bad.fit: reply record 'head.weight' must be a dict of tensors, not Tensor",
         ),
-        "numpy": (_as_numpy, "'model.head.weight' must be a torch.Tensor, not ndarray"),
+        "numpy": (_as_numpy, "reply 'model.head.weight' must be a torch.Tensor, not ndarray"),
+        "numpy metric": (
+            lambda r: FitResult(r.reply, {"loss": np.float32(1.0)}),
+            "Bad.fit: metric 'loss' must be a Python float, not float32",
+        ),
+        "no state": (
+            lambda r: FitResult(r.reply, r.metrics, None),
+            "Bad.fit: state must be a dict of records, not NoneType",
+        ),
         "tensor metric": (
             lambda r: FitResult(r.reply, {"loss": torch.tensor(1.0)}),
-            "Bad.fit: metric 'loss' must be a number, not Tensor",
+            "Bad.fit: metric 'loss' must be a Python float, not Tensor",
         ),
     }
 
@@ -186,7 +194,7 @@ def _aggregate_faults():
         "Averaged": (lambda a: a, "Bad.aggregate: must return an AggregateResult, not Averaged"),
         "str metric": (
             lambda a: AggregateResult(a.records, {"n": "two"}),
-            "Bad.aggregate: metric 'n' must be a number, not str",
+            "Bad.aggregate: metric 'n' must be a Python float, not str",
         ),
     }
 

@@ -255,3 +255,25 @@ def test_a_part_this_process_registered_stops_a_sweep_and_flower_before_they_sta
         assert protofed.run(base, tmp_path / "here", **{"train.rounds": 1}).summary.rounds == 1
     finally:
         ALGORITHMS.pop("my_step")
+
+
+def test_an_installed_plugin_imported_by_hand_is_visible_elsewhere(installed, monkeypatch):
+    """A plugin's module imported directly (not through its entry point) still reaches new
+    processes: the check asks a fresh interpreter rather than guessing from names."""
+    from protofed.algorithms import ALGORITHMS
+    from protofed.data import DATASETS
+    from protofed.models import MODELS
+
+    monkeypatch.syspath_prepend(str(installed))
+    monkeypatch.setenv("PYTHONPATH", str(installed))
+    monkeypatch.delitem(sys.modules, "protofed_stripes", raising=False)
+    try:
+        __import__("protofed_stripes")
+        for kind, name in [("algorithms", "halfstep"), ("models", "tinylinear")]:
+            assert plugins.DEFINITIONS[(kind, name)][0] == "protofed_stripes"
+            assert plugins.registered_here_only(kind, name) is None
+    finally:
+        for table, name in [(ALGORITHMS, "halfstep"), (MODELS, "tinylinear")]:
+            table.pop(name, None)
+        DATASETS.pop("stripes", None)
+        sys.modules.pop("protofed_stripes", None)

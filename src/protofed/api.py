@@ -330,7 +330,7 @@ def pretrain(
     cfg = resolve_config(config, **overrides)
     out = Path(out)
     if out.exists() and not overwrite:
-        raise ConfigError(f"{out} exists (overwrite=True or --force to replace it)")
+        raise ConfigError(f"{out} exists (replace it with --force, or overwrite=True)")
     job = Pretraining.build(cfg)
     if on_start is not None:
         on_start(job.describe())

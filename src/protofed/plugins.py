@@ -14,6 +14,10 @@ to load is a one-line warning naming its distribution and entry point, never a c
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -38,7 +42,10 @@ DEFINITIONS: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, name) -> (mod
 
 
 def _definition(obj: Any) -> tuple[str, str]:
-    return getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", repr(obj))
+    qualname = getattr(obj, "__qualname__", None)
+    if qualname is None or "<lambda>" in qualname:  # no name to tell two of them apart
+        return "?", repr(obj)
+    return getattr(obj, "__module__", "?"), qualname
 
 
 def register(kind: str, table: dict[str, Any], name: str, entry: Any, source: Any = None) -> None:
@@ -110,22 +117,36 @@ def load(kind: str, register: Callable[[Any], Any] | None = None) -> None:
             _current = None
 
 
+_REGISTRIES = {"algorithms": "protofed.algorithms", "models": "protofed.models"}
+_REGISTRIES["datasets"] = "protofed.data"
+
+
+@functools.cache
+def _known_to_a_new_process(kind: str, name: str) -> bool:
+    """Whether a fresh interpreter (this one's executable, environment and folder: what a
+    sweep's runs and a simulation's nodes start as) finds `name` among protofed's parts and
+    installed plugins. Asked, not guessed: a plugin's module may register what another
+    module of its own defines. A few seconds, once per part."""
+    probe = (
+        "import importlib, sys; "
+        f"sys.exit(0 if {name!r} in importlib.import_module({_REGISTRIES[kind]!r})"
+        ".load_plugins() else 1)"
+    )
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, timeout=300, check=False
+    )
+    return done.returncode == 0
+
+
 def registered_here_only(kind: str, name: str) -> str | None:
-    """The module that registered `name` if no other process can see it: user code that is
-    neither protofed's own nor in a package with an entry point of the group (a script, a
-    notebook). A sweep's runs and Flower's nodes are new processes: they would miss it."""
+    """The module that registered `name` if a new process cannot see it (a script's or a
+    notebook's own part, not installed as a plugin): a sweep's runs and Flower's nodes
+    would miss it. None for protofed's own parts and those a new process finds."""
     defined = DEFINITIONS.get((kind, name))
-    if defined is None or (kind, name) in ORIGINS:
+    if defined is None or defined[0].split(".")[0] == "protofed":
         return None
-    module = defined[0]
-    package = module.split(".")[0]
-    if package == "protofed":
-        return None
-    if module != "__main__" and any(
-        ep.module.split(".")[0] == package for ep in entry_points(group=GROUPS[kind])
-    ):
-        return None
-    return module
+    return None if _known_to_a_new_process(kind, name) else defined[0]
 
 
 def require_visible_elsewhere(cfg: ExperimentConfig, where: str) -> None:

@@ -100,7 +100,7 @@ class RunDir:
             raise ConfigError(
                 f"run directory {run.path} already exists and is not empty "
                 "(continue it with --resume or protofed.resume, overwrite it with --force or "
-                "overwrite=True, or choose another)"
+                "overwrite=True, or choose another directory)"
             )
         created = not run.path.exists()
         with writing(run.path):

@@ -96,7 +96,11 @@ def algorithm_class(name: str) -> type[Algorithm]:
         return ALGORITHMS[name]
     except KeyError:
         close = difflib.get_close_matches(name, ALGORITHMS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = (
+            f" (did you mean '{close[0]}'?)"
+            if close
+            else " (your own: import the module that registers it, or install it as a plugin)"
+        )
         raise ConfigError(
             f"unknown algorithm.name '{name}'{hint}; valid: {', '.join(sorted(ALGORITHMS))}"
         ) from None

@@ -14,7 +14,6 @@ docs/architecture.md).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -95,15 +94,15 @@ class Client(Protocol):
     def train_model(self, **kwargs) -> Metrics: ...
 
 
-def _records_fault(records: object) -> str | None:
+def _records_fault(records: object, what: str) -> str | None:
     if not isinstance(records, dict):
-        return f"a dict of records, not {type(records).__name__}"
+        return f"{what} must be a dict of records, not {type(records).__name__}"
     for name, arrays in records.items():
         if not isinstance(arrays, dict):
-            return f"record '{name}' must be a dict of tensors, not {type(arrays).__name__}"
+            return f"{what} record '{name}' must be a dict of tensors, not {type(arrays).__name__}"
         for key, value in arrays.items():
             if not isinstance(value, torch.Tensor):
-                return f"'{name}.{key}' must be a torch.Tensor, not {type(value).__name__}"
+                return f"{what} '{name}.{key}' must be a torch.Tensor, not {type(value).__name__}"
     return None
 
 
@@ -111,8 +110,8 @@ def _metrics_fault(metrics: object) -> str | None:
     if not isinstance(metrics, dict):
         return f"metrics must be a dict, not {type(metrics).__name__}"
     for key, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return f"metric '{key}' must be a number, not {type(value).__name__}"
+        if not isinstance(value, int | float):  # what JSON writes (bool is an int)
+            return f"metric '{key}' must be a Python float, not {type(value).__name__}"
     return None
 
 
@@ -127,12 +126,12 @@ def check_result(result: object, hook: str, algorithm: str) -> None:
         fault = f"must return {article} {expected.__name__}, not {type(result).__name__}"
     elif isinstance(result, FitResult):
         fault = (
-            _records_fault(result.reply)
+            _records_fault(result.reply, "reply")
             or _metrics_fault(result.metrics)
-            or _records_fault(result.state)
+            or _records_fault(result.state, "state")
         )
     else:
-        fault = _records_fault(result.server) or _metrics_fault(result.metrics)
+        fault = _records_fault(result.server, "server") or _metrics_fault(result.metrics)
     if fault is not None:
         raise TypeError(f"{algorithm}.{hook}: {fault}")
 
