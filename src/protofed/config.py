@@ -374,7 +374,8 @@ class ExperimentConfig(_Section):
 
 
 def _close_key(loc: tuple[Any, ...]) -> str:
-    """ " (did you mean 'train.rounds'?)" for a misspelt key, from the fields of its section."""
+    """The hint after a misspelt key, e.g. ` (did you mean 'train.rounds'?)`, from the
+    fields of its section ("" when none is close)."""
     section: type[BaseModel] = ExperimentConfig
     for part in loc[:-1]:
         field = section.model_fields.get(str(part))

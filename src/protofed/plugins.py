@@ -52,10 +52,9 @@ def register(kind: str, table: dict[str, Any], name: str, entry: Any, source: An
     """Put `entry` (made from `source`, the decorated class or function; default `entry`) in a
     registry's `table` under `name`, remembering the plugin it came from.
 
-    Registering an equal entry again is a no-op, and so is re-registering a redefinition of the
-    same module and qualified name (a notebook cell run twice, a reloaded module), which
-    replaces the old entry; another entry of the name is an error naming it (ConfigError, one
-    line).
+    Registering an equal entry again changes nothing; a redefinition of the same module and
+    qualified name (a notebook cell run twice, a reloaded module) replaces the old entry;
+    another entry of the name is an error naming it (ConfigError, one line).
     """
     from protofed.errors import ConfigError
 
@@ -117,8 +116,11 @@ def load(kind: str, register: Callable[[Any], Any] | None = None) -> None:
             _current = None
 
 
-_REGISTRIES = {"algorithms": "protofed.algorithms", "models": "protofed.models"}
-_REGISTRIES["datasets"] = "protofed.data"
+_REGISTRIES = {  # the module whose `load_plugins()` lists a kind's names
+    "algorithms": "protofed.algorithms",
+    "models": "protofed.models",
+    "datasets": "protofed.data",
+}
 
 
 @functools.cache
@@ -154,8 +156,7 @@ def require_visible_elsewhere(cfg: ExperimentConfig, where: str) -> None:
     this process only, so `where` (new processes) cannot load it."""
     from protofed.errors import ConfigError
 
-    names = {"algorithms": cfg.algorithm.name, "models": cfg.model.name}
-    names["datasets"] = cfg.data.name
+    names = {"algorithms": cfg.algorithm.name, "models": cfg.model.name, "datasets": cfg.data.name}
     for kind, name in names.items():
         module = registered_here_only(kind, name)
         if module is not None:
