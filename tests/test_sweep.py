@@ -93,11 +93,13 @@ def test_rerun_skips_finished_runs_and_reports_a_locked_one(whole: Path, tmp_pat
 
 
 def test_killed_sweep_resumes_to_the_uninterrupted_numbers(tmp_path: Path) -> None:
-    """A short and a long run side by side; Ctrl-C once the short one is written."""
-    spec = _spec(tmp_path / "spec.yaml", grid={"train.rounds": [4, 30]}, seeds=None)
+    """A short and a long run side by side; Ctrl-C once the short one is written. The long
+    one is 25 times the short (not 7.5: on an idle machine 30 tiny rounds ended before the
+    signal)."""
+    spec = _spec(tmp_path / "spec.yaml", grid={"train.rounds": [4, 100]}, seeds=None)
     out = tmp_path / "out"
     proc = _sweep_process(str(spec), "--out", str(out), "--workers", "2")
-    short, long = out / "rounds=4", out / "rounds=30"
+    short, long = out / "rounds=4", out / "rounds=100"
     deadline = time.monotonic() + 90
     while not (
         (short / "summary.json").exists()
@@ -109,19 +111,19 @@ def test_killed_sweep_resumes_to_the_uninterrupted_numbers(tmp_path: Path) -> No
     proc.send_signal(signal.SIGINT)  # Ctrl-C: the sweep stops its child, which checkpoints
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "rounds=30  interrupted" in err
+    assert "rounds=100  interrupted" in err
     assert not (long / "summary.json").exists()
     short_mtime = (short / "summary.json").stat().st_mtime_ns
 
     again = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
     assert again.exit_code == 0, again.output
-    assert "rounds=4  skipped" in again.stderr and "rounds=30  complete" in again.stderr
+    assert "rounds=4  skipped" in again.stderr and "rounds=100  complete" in again.stderr
     assert (short / "summary.json").stat().st_mtime_ns == short_mtime
-    log = (out / "rounds=30.log").read_text()
+    log = (out / "rounds=100.log").read_text()
     assert "(start)" in log and "(resume)" in log
     rounds = [r["round"] for r in RunDir(long).history()]
-    assert rounds == list(range(1, 31))
-    whole = api.run(out / "rounds=30.yaml", tmp_path / "whole")  # the same config, unbroken
+    assert rounds == list(range(1, 101))
+    whole = api.run(out / "rounds=100.yaml", tmp_path / "whole")  # the same config, unbroken
     b = json.loads((long / "summary.json").read_text())
     assert whole.summary.final == b["final"] and whole.summary.selected == b["selected"]
 
