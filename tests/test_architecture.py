@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "protofed"
 
@@ -60,3 +63,22 @@ def test_the_checker_sees_a_private_import(tmp_path, monkeypatch) -> None:
         "protofed.zz_probe: from protofed.report import _hidden",
         "protofed.zz_probe: r._x",
     ]
+
+
+def test_the_documented_layer_diagram_is_the_checked_contract() -> None:
+    """docs/architecture.md's diagram lists import-linter's layers, top to bottom."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = SRC.parents[1]
+    contract = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in contract["contracts"] if c["type"] == "layers"]
+    checked = [
+        [name.strip().removeprefix("protofed.") for name in row.split("|")] for row in layers
+    ]
+    doc = (root / "docs" / "architecture.md").read_text()
+    diagram = doc.split("```\n", 2)[1]  # the first code block is the diagram
+    drawn = [
+        [name.strip() for name in re.split(r"\s{2,}", line)[0].split("|")]
+        for line in diagram.splitlines()
+        if line.strip()
+    ]
+    assert drawn == checked
