@@ -51,6 +51,8 @@ def _error_line(result) -> str:
         (["eval.client_model=kept"], "eval.client_model"),
         (["eval.f1_labels=all"], "eval.f1_labels"),
         (["eval.client_model=trained", "eval.trained_memory_mb=0.5"], "eval.trained_memory_mb"),
+        (["seed=-1"], "'seed'"),
+        (["data.image_size=100000"], "data.image_size"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, overrides, expected):

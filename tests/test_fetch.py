@@ -244,6 +244,31 @@ def test_a_wrong_published_checksum_exits_2_with_one_line(tmp_path, monkeypatch)
     assert not (root / "digits").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "files"),
+    [
+        ("uci_har", ["junk.zip"]),
+        ("wisdm", ["junk.tar.gz"]),
+        (
+            "office_caltech",
+            [f"{d}_SURF_L10.mat" for d in ("amazon", "Caltech10", "dslr", "webcam")],
+        ),
+    ],
+)
+def test_damaged_raw_files_exit_2_with_one_line(tmp_path, name, files):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for file in files:
+        (raw / file).write_bytes(b"not an archive\n")
+    root = tmp_path / "root"
+    result = runner.invoke(app, ["data", "fetch", name, "--raw", str(raw), "--data-dir", str(root)])
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(error) == 1 and str(raw) in error[0], result.output
+    assert "Traceback" not in result.output
+    assert not list(root.rglob("*.npz"))
+
+
 def test_usps_from_libsvm_bz2(shared_data, tmp_path, monkeypatch):
     with np.load(shared_data / "digits" / "usps.npz") as d:
         ref = {k: d[k][:40] for k in ("x_train", "y_train", "x_test", "y_test")}

@@ -179,6 +179,21 @@ def test_bad_pretrain_data_sets_name_their_key(shared_data: Path, tmp_path: Path
     assert not out.exists()
 
 
+def test_an_unwritable_out_is_refused_before_training(tmp_path: Path) -> None:
+    """Hours of pre-training must not end in "cannot write": the target is probed first."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    base = ["pretrain", CONFIG, *_sets(SMALL), "--data-dir", str(tmp_path / "no_data")]
+    for out, expected in (
+        (tmp_path, "is a folder"),
+        (a_file / "x.safetensors", "is a file"),
+        (Path("/proc/protofed/x.safetensors"), "cannot write"),
+    ):
+        line = _one_line(runner.invoke(app, [*base, "--force", "--out", str(out)]))
+        assert expected in line, line  # not the missing data: the out is checked first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_labels_are_never_read(shared_data: Path, tmp_path: Path) -> None:
     """The same checkpoint when every label of the pooled sets (and the target) is garbage."""
     garbage = tmp_path / "data"

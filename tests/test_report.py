@@ -313,6 +313,12 @@ def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
             if name == "summary.json":  # resuming a complete run prints its summary
                 line = _one_line_error(runner.invoke(app, ["run", "--resume", str(run), "-q"]))
                 assert name in line
+    for text, expected in (("", "nothing to plot"), ('{"round": 1}\n', "metrics.jsonl")):
+        run = tmp_path / f"plot{len(text)}"
+        shutil.copytree(sweep / "fedavg_s0", run)
+        (run / "metrics.jsonl").write_text(text)  # the table is fine, the figures are not
+        line = _one_line_error(runner.invoke(app, ["report", str(run), "--plot", "-o", str(out)]))
+        assert expected in line
     unfinished = tmp_path / "unfinished"
     shutil.copytree(sweep / "more" / "killed_s0", unfinished)
     (unfinished / "run.json").write_text("[]")

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
+from protofed.core.files import check_writable
 from protofed.errors import ConfigError
-from protofed.runs import CHECKPOINT, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
+from protofed.runs import CHECKPOINT, METRICS, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,27 +173,28 @@ class Run:
 
         names = self.client_names
         rows = []
-        for record in self.dir.history():
-            per = record["clients"]
-            ids = per.get("client_ids") or list(range(len(per["pers_acc"])))
-            glob = record.get("global") or {}
-            for j, cid in enumerate(ids):
-                row = {
-                    "round": record["round"],
-                    "client": cid,
-                    "client_name": names[cid],
-                    "pers_acc": per["pers_acc"][j],
-                    "pers_f1": per["pers_f1"][j],
-                    "gen_acc": per["gen_acc"][j] if per["gen_acc"] else None,
-                    "gen_f1": per["gen_f1"][j] if per["gen_f1"] else None,
-                    "val_acc": per["val_acc"][j],
-                    "val_f1": per["val_f1"][j],
-                    "global_acc": glob.get("acc"),
-                    "global_f1": glob.get("f1"),
-                    "train_loss": record["train_loss"],
-                }
-                row.update({f"server.{k}": v for k, v in (record.get("server") or {}).items()})
-                rows.append(row)
+        with reading(self.path / METRICS):
+            for record in self.dir.history():
+                per = record["clients"]
+                ids = per.get("client_ids") or list(range(len(per["pers_acc"])))
+                glob = record.get("global") or {}
+                for j, cid in enumerate(ids):
+                    row = {
+                        "round": record["round"],
+                        "client": cid,
+                        "client_name": names[cid],
+                        "pers_acc": per["pers_acc"][j],
+                        "pers_f1": per["pers_f1"][j],
+                        "gen_acc": per["gen_acc"][j] if per["gen_acc"] else None,
+                        "gen_f1": per["gen_f1"][j] if per["gen_f1"] else None,
+                        "val_acc": per["val_acc"][j],
+                        "val_f1": per["val_f1"][j],
+                        "global_acc": glob.get("acc"),
+                        "global_f1": glob.get("f1"),
+                        "train_loss": record["train_loss"],
+                    }
+                    row.update({f"server.{k}": v for k, v in (record.get("server") or {}).items()})
+                    rows.append(row)
         return pd.DataFrame(rows)
 
     # models ------------------------------------------------------------------------------
@@ -329,6 +331,7 @@ def pretrain(
 
     cfg = resolve_config(config, **overrides)
     out = Path(out)
+    check_writable(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} exists (replace it with --force, or overwrite=True)")
     job = Pretraining.build(cfg)

@@ -468,15 +468,17 @@ def report(
             table.add_row(*line)
         needed = sum(max(len(c) for c in col) + 3 for col in zip(head, *body, strict=True)) + 4
         wide = Console(width=max(console.width, min(needed, 240)))  # a table, not wrapped cells
+        if plot:
+            from protofed.plots.curves import figures, write_figures
+
+            drawn = figures(groups)  # before any file: a run it cannot draw writes nothing
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
         atomic_write_text(md, to_markdown(table_rows, when))  # before the table: a failed
         atomic_write_text(csv_path, to_csv(table_rows))  # write is then the one line shown
         wide.print(table)
         written = [md, csv_path]
         if plot:
-            from protofed.plots.curves import write_figures
-
-            written += write_figures(groups, out, when)
+            written += write_figures(drawn, out, when)
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
 
 

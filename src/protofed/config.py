@@ -74,7 +74,9 @@ class DataConfig(_Section):
     path: str | None = Field(None, description="arrays: .npz, .csv or .parquet file.")
     label_column: str = "label"
     group_column: str | None = None
-    image_size: int | None = Field(None, ge=4, description="Resize images to this side.")
+    image_size: int | None = Field(
+        None, ge=4, le=1024, description="Resize images to this side (at most 1024)."
+    )
     dir: str | None = Field(
         None, description="Data root (stored absolute); else PROTOFED_DATA; else a cache dir."
     )
@@ -359,7 +361,7 @@ class PretrainConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="Every random stream derives from it.")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -570,7 +570,7 @@ def run_sweep(
     config is validated before anything is written or started."""
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1 (got {workers})")
-    if time_limit is not None and time_limit <= 0:
+    if time_limit is not None and not time_limit > 0:  # also refuses nan
         raise ConfigError(f"--time-limit must be positive (got {time_limit})")
     out = Path(out)
     every = spec.expand()

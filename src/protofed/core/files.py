@@ -58,6 +58,22 @@ def writing(path: Path) -> Iterator[None]:
         raise write_fault(path, exc) from None
 
 
+def check_writable(path: str | Path) -> None:
+    """Refuse, before hours of work, a file that `atomic_write` could not write: a folder in
+    its place, a file where a folder must go, or a place that takes no file (probed with a
+    temporary file, removed at once)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder (name the file to write)")
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"cannot write {path}: {existing} is a file")
+    with writing(path), tempfile.TemporaryFile(dir=existing):
+        pass
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     """Write `path` through `write(handle)`: complete and durable, or untouched."""
     path = Path(path)

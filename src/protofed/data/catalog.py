@@ -10,10 +10,14 @@ fetch then downloads again). docs/data.md is the human-readable version of this 
 
 from __future__ import annotations
 
+import tarfile
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protofed.core.files import first_line
 from protofed.data import convert
 from protofed.data.download import Log, Remote, expected_hash, fetch_file, stderr_log, verify
 from protofed.errors import ConfigError
@@ -386,6 +390,21 @@ def fetch(
             if path.is_file() and expected is not None:
                 verify(path, expected)
     log(f"{name}: converting")
-    written = spec.convert(folder, root)
+    try:
+        written = spec.convert(folder, root)
+    except ConfigError:
+        raise
+    except (
+        zipfile.BadZipFile,
+        tarfile.TarError,
+        zlib.error,
+        EOFError,
+        ValueError,
+        IndexError,
+    ) as exc:
+        # a damaged or foreign raw file (a parse that fails on it raises one of these)
+        raise ConfigError(
+            f"{name}: cannot convert the raw files in {folder}: {first_line(exc)}"
+        ) from None
     log(f"{name}: wrote {', '.join(str(p) for p in written)}")
     return written

@@ -691,11 +691,15 @@ OFFICE_CLASSES = [
 def convert_office_caltech(raw: Path, root: Path) -> list[Path]:
     """The four <domain>_SURF_L10.mat files (fts, labels 1..10) -> X uint8 (N, 800), y, domain."""
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
 
     xs, ys, domains = [], [], []
     for code, stem in enumerate(OFFICE_DOMAINS):
         path = _need(raw, f"{stem}_SURF_L10.mat")
-        mat = loadmat(path)
+        try:
+            mat = loadmat(path)
+        except MatReadError as exc:
+            raise ConfigError(f"{path}: not a MATLAB file ({exc})") from None
         if "fts" not in mat or "labels" not in mat:
             raise ConfigError(f"{path}: expected variables 'fts' and 'labels'")
         xs.append(np.rint(mat["fts"]).astype(np.uint8))

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from protofed.api import Run
+from protofed.errors import ConfigError
 from protofed.plots import new_figure, save_figure
 from protofed.report import Group
 from protofed.runs import PARTITION
@@ -142,6 +143,9 @@ def learning_curves(groups: Sequence[Group], title: str | None = None) -> Figure
         data = [curve_matrix(g, column, cache) for g in groups]
         if any(np.isfinite(v).any() for _, v in data):
             panels.append((column, label, score, data))
+    if not panels:
+        runs = ", ".join(str(r["path"]) for g in groups for r in g.runs)
+        raise ConfigError(f"nothing to plot: no evaluated round in the metrics.jsonl of {runs}")
     cols = 1 if len(panels) == 1 else 2
     rows = (len(panels) + 1) // 2 if cols == 2 else 1
     fig, axes = new_figure(
@@ -287,12 +291,13 @@ def figures(groups: Sequence[Group]) -> dict[str, Figure]:
     return out
 
 
-def write_figures(groups: Sequence[Group], prefix: str | Path, which: str | int) -> list[Path]:
-    """PREFIX-curves, PREFIX-clients, PREFIX-pers_gen (.png and .pdf); returns the paths."""
+def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int) -> list[Path]:
+    """PREFIX-curves, PREFIX-clients, PREFIX-pers_gen (.png and .pdf) of `figures(groups)`
+    (drawn first, so that runs it cannot draw fail before anything is written)."""
     prefix = Path(prefix)
     when = f"round {which}" if isinstance(which, int) else f"{which} round"
     paths: list[Path] = []
-    for name, fig in figures(groups).items():
+    for name, fig in drawn.items():
         if name != CURVES_NAME:
             fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})", fontsize=10)
         paths += save_figure(fig, prefix.with_name(f"{prefix.name}-{name}"))
