@@ -66,6 +66,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, overrides, ex
     assert not out.exists()
 
 
+def test_a_yaml_error_names_its_line_and_column(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("train:\n  rounds: [1, 2\nseed: 3\n")
+    line = _error_line(runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "r")]))
+    assert "bad.yaml: not valid YAML" in line and "line 3 column 5" in line, line
+
+
 def test_missing_config_file(tmp_path):
     result = runner.invoke(app, ["run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2

@@ -197,7 +197,7 @@ def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
     with pytest.raises(ConfigError, match="differ in width"):
         prototype_figure(mixed)
     np.savez(mixed / "prototypes" / "round_0004.npz", global_=np.array([{}], dtype=object))
-    with pytest.raises(ConfigError, match="pickled arrays, never loaded") as caught:
+    with pytest.raises(ConfigError, match="never unpickled") as caught:
         read_kept(mixed)
     assert "allow_pickle" not in str(caught.value)
 

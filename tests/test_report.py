@@ -327,6 +327,19 @@ def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
     assert not list(tmp_path.glob("out*"))
 
 
+def test_a_run_named_twice_or_inside_a_named_folder_is_reported_once(sweep, tmp_path):
+    def rows(*paths: Path) -> list[str]:
+        out = tmp_path / "r"
+        args = ["report", *map(str, paths), "--group-by", "none", "-o", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return (tmp_path / "r.csv").read_text().splitlines()
+
+    assert rows(sweep, sweep) == rows(sweep, sweep / "fedavg_s0") == rows(sweep)
+    assert rows(sweep / "fedavg_s0", sweep / "fedavg_s0") == rows(sweep / "fedavg_s0")
+    assert len(rows(sweep / "fedavg_s0")) == 2  # the header and one run
+
+
 def test_out_must_be_a_file_prefix(sweep, tmp_path):
     """`--out .` names no file: `..md` beside the folder, or a crash on an empty name."""
     for out in (".", "/", str(tmp_path) + "/.."):

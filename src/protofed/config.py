@@ -440,7 +440,9 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__}{where})") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
     if not isinstance(raw, dict):

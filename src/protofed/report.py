@@ -128,6 +128,8 @@ def find_runs(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path,
         path = Path(p)
         if not path.is_dir():
             raise ConfigError(f"{path}: no such run directory or folder")
+        if path.resolve() in seen:  # named twice, or inside a folder already searched
+            continue
         found = len(runs) + len(skipped)
         visit(path)
         if len(runs) + len(skipped) == found:

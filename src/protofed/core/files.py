@@ -23,7 +23,8 @@ def npz_fault(exc: BaseException) -> str:
     """Why an `.npz` did not load, as a phrase for a one-line error. numpy's text for object
     arrays suggests `allow_pickle=True`, which protofed never does, so it is not passed on."""
     if "pickle" in str(exc):
-        return "pickled arrays, never loaded: save plain numeric arrays"
+        # numpy reads anything that is neither a zip nor a .npy as a pickle
+        return "object arrays or not an .npz at all, never unpickled: save plain numeric arrays"
     return first_line(exc)
 
 
