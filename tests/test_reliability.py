@@ -246,6 +246,10 @@ def test_a_diverging_run_stops_with_its_own_status_and_exit_code(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["rounds"] == 0
     assert summary["final"] is None and "round 1" in summary["diverged"]
+    again = runner.invoke(app, ["run", "--resume", str(out)])
+    assert again.exit_code == 3 and "Traceback" not in again.output, again.output
+    assert len(again.stderr.strip().splitlines()) == 1 and "nothing to resume" in again.stderr
+    assert json.loads((out / "summary.json").read_text()) == summary
 
 
 def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):

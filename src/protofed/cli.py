@@ -221,7 +221,16 @@ def run(
             existing = RunDir.open(resume_dir)
             if existing.complete:
                 with reading(existing.path / SUMMARY):
-                    view = summary_view(existing.read_json(SUMMARY))
+                    summary = existing.read_json(SUMMARY)
+                    if summary.get("status") == "diverged":  # over: its state is not finite
+                        err_console.print(
+                            f"[bold red]diverged:[/] {summary['diverged']}; nothing to resume "
+                            f"in {resume_dir} (start it again with other settings and --force)",
+                            highlight=False,
+                            soft_wrap=True,
+                        )
+                        raise typer.Exit(code=EXIT_DIVERGED)
+                    view = summary_view(summary)
                 console.print(f"{resume_dir} is already complete.")
                 print_summary(view, resume_dir)
                 return
