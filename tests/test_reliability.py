@@ -329,6 +329,22 @@ def test_a_damaged_data_file_is_one_line(tmp_path, name):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("label", [99, -1])
+def test_labels_outside_the_classes_of_a_data_file_are_one_line(shared_data, tmp_path, label):
+    """An edited data file under the data root: named, with the fetch that repairs it."""
+    with np.load(shared_data / "har" / "hhar_sa.npz", allow_pickle=False) as data:
+        arrays = dict(data)
+    arrays["y"] = arrays["y"].copy()
+    arrays["y"][0] = label
+    (tmp_path / "har").mkdir()
+    np.savez(tmp_path / "har" / "hhar_sa.npz", **arrays)
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "-s", "data.name=hhar", "--data-dir", str(tmp_path)]
+    line = _one_error_line(runner.invoke(app, args), "data.name=hhar", "labels run", "data fetch")
+    assert str(label) in line
+    assert not out.exists()
+
+
 def test_out_on_a_file_and_on_a_read_only_place_are_one_line(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     result = runner.invoke(app, ["run", "--out", str(tmp_path / "file"), *_sets(SMALL)])

@@ -958,8 +958,8 @@ def load_dataset(cfg: DataConfig) -> Dataset:
         ds = info.loader(cfg)
     except ConfigError:
         raise
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
-        # a damaged file under the data root (truncated, bit-flipped, renamed, empty)
+    except (OSError, EOFError, ValueError, IndexError, zipfile.BadZipFile, zlib.error) as exc:
+        # a damaged file under the data root (truncated, bit-flipped, renamed, edited)
         where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
         raise ConfigError(
             f"data.name={cfg.name}: {where}cannot read its files ({first_line(exc)}); "

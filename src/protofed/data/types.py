@@ -35,6 +35,11 @@ class Dataset:
             raise ValueError(f"{self.name}: X has {n} rows but y has {len(self.y)}")
         if self.groups is not None and len(self.groups) != n:
             raise ValueError(f"{self.name}: X has {n} rows but groups has {len(self.groups)}")
+        if self.y.size and (self.y.min() < 0 or self.y.max() >= self.num_classes):
+            raise ValueError(
+                f"{self.name}: labels run {self.y.min()}..{self.y.max()}, "
+                f"outside 0..{self.num_classes - 1} ({self.num_classes} classes)"
+            )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
