@@ -171,6 +171,18 @@ def test_config_errors_name_the_key(key: str, value: object) -> None:
         load_config(None, [f"aggregation.{key}={value}"])
 
 
+def test_krum_that_no_round_can_satisfy_is_refused_before_the_run() -> None:
+    from protofed.runtime.prepare import check_krum
+
+    cfg = load_config(None, ["aggregation.rule=krum", "aggregation.byzantine=4"])
+    check_krum(cfg, 11)  # 11 = 2 * 4 + 3 clients a round: enough
+    with pytest.raises(ConfigError, match="aggregation.byzantine=4 needs 11 replies"):
+        check_krum(cfg, 10)
+    cfg.train.client_fraction = 0.5
+    with pytest.raises(ConfigError, match="samples 10 clients"):
+        check_krum(cfg, 20)
+
+
 # a poisoned round of real replies --------------------------------------------------------
 @pytest.fixture(scope="module")
 def poisoned_round() -> tuple[Setting, Records, list[Reply]]:

@@ -10,9 +10,9 @@ from protofed.errors import ConfigError
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint
 from protofed.runtime.local import InProcessTransport
-from protofed.runtime.loop import RoundLoop, clients_per_round
+from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
-from protofed.runtime.prepare import Prepared, prepare, with_data_root
+from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root
 from protofed.runtime.scoring import ServerSideEvaluation
 
 

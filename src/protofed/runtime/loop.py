@@ -20,14 +20,13 @@ from typing import Protocol
 
 import torch
 
-from protofed.config import TrainConfig
 from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Metrics, Records, Reply, check_result, nbytes
 from protofed.evaluation import select_global_round, select_round
 from protofed.runs import RunDir, strict_json
 from protofed.runtime.fingerprint import fingerprint
 from protofed.runtime.keep import keep, keeps
-from protofed.runtime.prepare import POOLED, Prepared
+from protofed.runtime.prepare import POOLED, Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
 
 log = logging.getLogger("protofed")
@@ -48,14 +47,6 @@ def nonfinite(records: Records) -> str | None:
 
 OnRound = Callable[[int, dict, "dict | None"], None]
 """Called after every round with (round, the round's info, its metrics record or None)."""
-
-
-def clients_per_round(train: TrainConfig, population: int) -> int:
-    """How many of `population` clients a round samples (`train.clients_per_round`, else
-    `train.client_fraction` of them, rounded up, at least one)."""
-    if train.clients_per_round is not None:
-        return min(train.clients_per_round, population)
-    return max(1, math.ceil(train.client_fraction * population - 1e-9))
 
 
 class Transport(Protocol):

@@ -6,13 +6,15 @@ model that cannot take the input shape stops the run with one line and leaves no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from protofed.algorithms import Algorithm, Setting, build_algorithm
-from protofed.config import ExperimentConfig
+from protofed.algorithms.common.aggregation import krum_minimum
+from protofed.config import ExperimentConfig, TrainConfig
 from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.core.types import MODEL, clone, nbytes
 from protofed.data import data_root, load_plugins
@@ -79,6 +81,8 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
         cfg, fed.input_shape, fed.num_classes, len(fed.clients), device
     )
     check_trained_memory(cfg, model, len(fed.clients))
+    if not algorithm.pools_data:
+        check_krum(cfg, len(fed.clients))
     dynamic = DynamicClasses.build(cfg.data.dynamic, fed, cfg.seed)
     if dynamic is not None:
         if algorithm.pools_data:
@@ -88,6 +92,26 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
+
+
+def clients_per_round(train: TrainConfig, population: int) -> int:
+    """How many of `population` clients a round samples (`train.clients_per_round`, else
+    `train.client_fraction` of them, rounded up, at least one)."""
+    if train.clients_per_round is not None:
+        return min(train.clients_per_round, population)
+    return max(1, math.ceil(train.client_fraction * population - 1e-9))
+
+
+def check_krum(cfg: ExperimentConfig, num_clients: int) -> None:
+    """Krum is defined for 2f + 3 replies: refuse a run whose full rounds have fewer (a
+    round that loses replies to dropouts still falls back to the median, as announced)."""
+    agg = cfg.aggregation
+    per_round = clients_per_round(cfg.train, num_clients)
+    if agg.rule == "krum" and per_round < krum_minimum(agg.byzantine):
+        raise ConfigError(
+            f"aggregation.byzantine={agg.byzantine} needs {krum_minimum(agg.byzantine)} replies "
+            f"a round for krum, but a round samples {per_round} clients (lower it, or sample more)"
+        )
 
 
 def check_trained_memory(cfg: ExperimentConfig, model: FedModel, num_clients: int) -> None:
