@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -101,6 +101,14 @@ def _prefix(out: Path, example: str) -> Path:
     if out.name in ("", ".", ".."):
         raise ConfigError(f"--out: {out} is a folder; give a file prefix such as {out / example}")
     return out
+
+
+def _diverged(summary: dict, then: str) -> NoReturn:
+    """A diverged run's one line (what diverged; `then`), and its exit code."""
+    err_console.print(
+        f"[bold red]diverged:[/] {summary['diverged']}; {then}", highlight=False, soft_wrap=True
+    )
+    raise typer.Exit(code=EXIT_DIVERGED)
 
 
 def _pct(v: float | None) -> str:
@@ -223,13 +231,11 @@ def run(
                 with reading(existing.path / SUMMARY):
                     summary = existing.read_json(SUMMARY)
                     if summary.get("status") == "diverged":  # over: its state is not finite
-                        err_console.print(
-                            f"[bold red]diverged:[/] {summary['diverged']}; nothing to resume "
-                            f"in {resume_dir} (start it again with other settings and --force)",
-                            highlight=False,
-                            soft_wrap=True,
+                        _diverged(
+                            summary,
+                            f"nothing to resume in {resume_dir} "
+                            "(start it again with other settings and --force)",
                         )
-                        raise typer.Exit(code=EXIT_DIVERGED)
                     view = summary_view(summary)
                 console.print(f"{resume_dir} is already complete.")
                 print_summary(view, resume_dir)
@@ -273,12 +279,7 @@ def run(
                 err_console.print(f"interrupted after round {done}; {hint}", highlight=False)
                 raise typer.Exit(code=EXIT_INTERRUPTED) from None
     if summary.get("status") == "diverged":
-        err_console.print(
-            f"[bold red]diverged:[/] {summary['diverged']}; run directory: {out}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(code=EXIT_DIVERGED)
+        _diverged(summary, f"run directory: {out}")
     print_summary(summary_view(summary), out)
 
 
