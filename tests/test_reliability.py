@@ -26,7 +26,9 @@ from typer.testing import CliRunner
 from protofed.cli import app
 from protofed.config import load_config
 from protofed.core.files import atomic_write_text
-from protofed.runtime import start
+from protofed.errors import ConfigError
+from protofed.runs import RunDir
+from protofed.runtime import resume, start
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -187,6 +189,24 @@ def test_one_process_per_run_directory(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_resume_holds_the_directory_before_it_reads_anything(tmp_path):
+    run = _killed_run(tmp_path / "run")
+    holder = RunDir.open(run)
+    holder.lock()  # flock: a second descriptor conflicts even in this process
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text("{:")  # refused for the lock, before it is read
+    with pytest.raises(ConfigError, match="in use by another process"):
+        resume(run)
+    (run / "config.yaml").write_text(config)
+    holder.unlock()
+    (run / "summary.json").write_text("{}")  # the other process finished meanwhile
+    before = _snapshot(run)
+    with pytest.raises(ConfigError, match="completed by another process"):
+        resume(run)
+    assert _snapshot(run) == before
+    RunDir.open(run).lock()  # and the refused resume let go of it
 
 
 def test_every_write_is_fsynced_before_its_rename(tmp_path, monkeypatch):

@@ -56,13 +56,21 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
             f"{run.path} was run on the {engine} engine, whose client states live with the "
             "clients: it cannot resume (start it again with --force)"
         )
-    cfg = build_config(run.config())
-    data_dir = data_dir if data_dir is not None else os.environ.get("PROTOFED_DATA") or None
-    if data_dir is not None:
-        cfg = with_data_root(cfg, Path(data_dir).expanduser().absolute())
-    prepared = prepare(cfg)
+    # Locked before anything is read: a run that finishes while this one loads its data
+    # must not be reopened and its summary rewritten.
     run.lock()
-    loop = simulate(prepared, run)
+    try:
+        if run.complete:
+            raise ConfigError(f"{run.path} was completed by another process: nothing to resume")
+        cfg = build_config(run.config())
+        data_dir = data_dir if data_dir is not None else os.environ.get("PROTOFED_DATA") or None
+        if data_dir is not None:
+            cfg = with_data_root(cfg, Path(data_dir).expanduser().absolute())
+        prepared = prepare(cfg)
+        loop = simulate(prepared, run)
+    except BaseException:
+        run.unlock()
+        raise
     try:
         ckpt = run.load_checkpoint(map_location=cfg.train.device)
         if ckpt is None:  # killed before its first checkpoint: start again
