@@ -23,6 +23,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from protofed import load_run
 from protofed.cli import app
 from protofed.config import load_config
 from protofed.core.files import atomic_write_text
@@ -163,6 +164,62 @@ def test_a_corrupt_checkpoint_is_one_line_that_never_suggests_unpickling(tmp_pat
     (run / "checkpoint.pt").write_bytes(bytes(data[: len(data) // 2]))
     text = _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "checkpoint.pt")
     assert "weights_only" not in text
+
+
+def _drop_a_weight(ckpt: dict) -> None:
+    del ckpt["server"]["model"]["head.bias"]
+
+
+def _reshape_a_weight(ckpt: dict) -> None:
+    ckpt["server"]["model"]["head.bias"] = torch.zeros(3)
+
+
+def _string_for_a_tensor(ckpt: dict) -> None:
+    ckpt["server"]["model"]["head.bias"] = "x"
+
+
+def _string_for_a_round(ckpt: dict) -> None:
+    ckpt["progress"]["server_round"] = "2"
+
+
+def _foreign_client(ckpt: dict) -> None:
+    ckpt["clients"]["x"] = {}
+
+
+def _fingerprint_not_a_mapping(ckpt: dict) -> None:
+    ckpt["fingerprint"] = [1]
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (_drop_a_weight, "'server.model.head.bias' is missing"),
+        (_reshape_a_weight, "'server.model.head.bias' has shape (3,), the model's weight (10,)"),
+        (_string_for_a_tensor, "'server.model.head.bias' is not a tensor"),
+        (_string_for_a_round, "'progress.server_round' is not a round number"),
+        (_foreign_client, "'clients.x' is not a client id"),
+        (_fingerprint_not_a_mapping, "fingerprint is not as protofed writes it"),
+    ],
+)
+def test_an_edited_checkpoint_is_one_line_and_resumes_nothing(tmp_path, edit, named):
+    """Before, a weight taken out resumed silently on the initial weights, and the others
+    failed in a raw error."""
+    run = _killed_run(tmp_path / "run")
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, run / "checkpoint.pt")
+    before = _snapshot(run)
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), named)
+    assert _snapshot(run) == before
+
+
+def test_a_model_is_not_loaded_from_an_edited_checkpoint(tmp_path):
+    run = _killed_run(tmp_path / "run")
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    _drop_a_weight(ckpt)
+    torch.save(ckpt, run / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="'server.model.head.bias' is missing"):
+        load_run(run).client_model(0)
 
 
 def test_one_process_per_run_directory(tmp_path):

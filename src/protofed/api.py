@@ -224,6 +224,11 @@ class Run:
                     "whose client states were kept by this process (the built-in engine; a "
                     "Flower run keeps them on the clients)"
                 )
+            from protofed.runtime.fingerprint import check_states
+
+            _, algorithm = self._model_and_algorithm()
+            initial = algorithm.setting.init_model
+            check_states(ckpt, algorithm.init_server(), initial, self.path / CHECKPOINT)
             self._checkpoint = ckpt
         return self._checkpoint
 

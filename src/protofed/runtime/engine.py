@@ -7,8 +7,8 @@ from pathlib import Path
 
 from protofed.config import ExperimentConfig, build_config
 from protofed.errors import ConfigError
-from protofed.runs import RunDir
-from protofed.runtime.fingerprint import check_fingerprint, fingerprint
+from protofed.runs import CHECKPOINT, RunDir
+from protofed.runtime.fingerprint import check_fingerprint, check_states, fingerprint
 from protofed.runtime.local import InProcessTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
@@ -76,8 +76,11 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         if ckpt is None:  # killed before its first checkpoint: start again
             run.reset_metrics()
             return loop
-        server_round = int(ckpt["progress"]["server_round"])
+        progress = ckpt["progress"]
+        server_round = progress.get("server_round") if isinstance(progress, dict) else None
         check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
+        initial = prepared.algorithm.setting.init_model
+        check_states(ckpt, loop.server, initial, run.path / CHECKPOINT)
         loop.history = run.restore_metrics(ckpt["metrics"], server_round)
         loop.restore(ckpt)
     except BaseException:

@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from protofed.core.types import Arrays, Records
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
@@ -78,12 +81,21 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
     return out
 
 
-def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: int) -> None:
+def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: int | None) -> None:
     """A one-line error naming what differs from the checkpoint, if anything does."""
+    try:
+        old = json.loads(saved.get("config", "{}"))
+    except (AttributeError, TypeError, ValueError):
+        old = None
+    if not isinstance(old, dict) or not all(isinstance(v, str) for v in saved.values()):
+        raise ConfigError(
+            f"{run_dir}: the checkpoint's fingerprint is not as protofed writes it; start the "
+            "run again with --force"
+        )
     changes: list[str] = []
     if saved.get("protofed") != current["protofed"]:
         changes.append(f"protofed {saved.get('protofed')} -> {current['protofed']}")
-    old, new = json.loads(saved.get("config", "{}")), json.loads(current["config"])
+    new = json.loads(current["config"])
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
             changes.append(f"{key} {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}")
@@ -99,3 +111,54 @@ def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: i
             f"{run_dir}: cannot resume, changed since the checkpoint of round {server_round}: "
             f"{shown} (restore them, or start the run again with --force)"
         )
+
+
+def check_states(ckpt: dict, server: Records, model: Arrays, path: Path) -> None:
+    """A one-line error if the checkpoint's states are not what protofed writes.
+
+    protofed only ever adds records to the server's state, keeps the names in each, and
+    stores every tensor named like a model weight in that weight's shape (checked for every
+    algorithm). A hand-edited file would otherwise fail rounds later in a raw error (a shape,
+    a string where a tensor was) or, with a weight taken out, resume silently on a default.
+    `server`: the algorithm's starting state; `model`: the model's initial weights.
+    """
+
+    def fail(where: str, what: str) -> None:
+        raise ConfigError(f"{path}: '{where}' {what}; start the run again with --force")
+
+    def check_arrays(where: str, arrays: Any) -> None:
+        if not isinstance(arrays, dict):
+            fail(where, "is not a record of tensors")
+        for name, tensor in arrays.items():
+            if not isinstance(tensor, torch.Tensor):
+                fail(f"{where}.{name}", "is not a tensor")
+            if name in model and tensor.shape != model[name].shape:
+                shape, expected = tuple(tensor.shape), tuple(model[name].shape)
+                fail(f"{where}.{name}", f"has shape {shape}, the model's weight {expected}")
+
+    def check_records(where: str, records: Any) -> None:
+        if not isinstance(records, dict):
+            fail(where, "is not a mapping of records")
+        for name, arrays in records.items():
+            check_arrays(f"{where}.{name}", arrays)
+
+    progress = ckpt["progress"]
+    if not isinstance(progress, dict) or type(progress.get("server_round")) is not int:
+        fail("progress.server_round", "is not a round number")
+    for key, value in progress.items():
+        if type(value) not in (int, float):
+            fail(f"progress.{key}", "is not a number")
+    check_records("server", ckpt["server"])
+    for record, arrays in server.items():
+        if record not in ckpt["server"]:
+            fail(f"server.{record}", "is missing")
+        if missing := sorted(set(arrays) - set(ckpt["server"][record])):
+            fail(f"server.{record}.{missing[0]}", "is missing")
+    for key, kind in (("clients", check_records), ("trained", check_arrays)):
+        per_client = ckpt.get(key, {})
+        if not isinstance(per_client, dict):
+            fail(key, "is not a mapping of clients")
+        for client, value in per_client.items():
+            if not (isinstance(client, str) and client.isdigit()):
+                fail(f"{key}.{client}", "is not a client id")
+            kind(f"{key}.{client}", value)
