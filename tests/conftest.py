@@ -9,6 +9,19 @@ import pytest
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def uci_har_slice(path: Path, subjects: list[int], every: int) -> Path:
+    """Real UCI-HAR windows of a few subjects (natural clients), every `every`-th, total acc +
+    body gyro: a federation small enough for a test. Written to `path` (.npz); returned."""
+    import numpy as np
+
+    raw = np.load(SHARED_DATA / "har" / "uci_har.npz", allow_pickle=False)
+    channels = [str(c) for c in raw["channels"]]
+    pick = [channels.index(f"{k}_{a}") for k in ("total_acc", "body_gyro") for a in "xyz"]
+    keep = np.isin(raw["subject"], subjects) & (np.arange(len(raw["y"])) % every == 0)
+    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real data sets beside the repo (../shared/data); tests needing them skip without."""

@@ -11,9 +11,12 @@ import time
 import pytest
 import torch
 
+from conftest import uci_har_slice
+from protofed.algorithms import ALGORITHMS
 from protofed.config import load_config
 from protofed.core.seeding import sample_clients
 from protofed.runtime import prepare, resume, simulate, start
+from protofed.runtime.fingerprint import check_states
 
 BASE = [
     "data.name=digits",
@@ -502,3 +505,43 @@ def test_best_test_reports_the_global_models_own_best_round():
     assert chosen["global"] == best["global"]
     by_val = simulate(prepare(_cfg("train.rounds=2"))).run()["selected"]
     assert by_val["global_round"] == by_val["round"]  # other rules: the selected round's
+
+
+# what `check_states` relies on, for every algorithm: starting records kept with their names,
+# tensors named like a model weight in its shape (a model of the kind it needs where it does)
+NEEDS = {
+    "fedali": [
+        "data.name=arrays",
+        "data.path={har}",
+        "model.name=hart",
+        "model.alp.enabled=true",
+        "model.alp.prototypes=[8,8,4,4,4,4]",
+    ],
+    "fedbn": ["model.name=cnnbn"],
+    "fedhome": ["algorithm.finetune_rounds=1", "train.rounds=3"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithms_checkpoint_passes_the_resume_check(name, tmp_path, shared_data):
+    har = uci_har_slice(tmp_path / "har3.npz", [1, 3, 5], every=20)
+    cfg = load_config(
+        None,
+        [
+            "data.name=digits",
+            "data.num_clients=3",
+            "model.name=mlp",
+            "model.hidden=[16]",
+            "train.rounds=2",
+            "train.workers=1",
+            "eval.every=2",
+            "eval.client_model=trained",
+            f"algorithm.name={name}",
+            *(o.format(har=har) for o in NEEDS.get(name, [])),
+        ],
+    )
+    loop = start(cfg, tmp_path / "run")
+    initial = loop.algorithm.init_server()
+    loop.run()
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    check_states(ckpt, initial, loop.algorithm.setting.init_model, tmp_path / "ckpt")

@@ -117,8 +117,8 @@ def check_states(ckpt: dict, server: Records, model: Arrays, path: Path) -> None
     """A one-line error if the checkpoint's states are not what protofed writes.
 
     protofed only ever adds records to the server's state, keeps the names in each, and
-    stores every tensor named like a model weight in that weight's shape (checked for every
-    algorithm). A hand-edited file would otherwise fail rounds later in a raw error (a shape,
+    stores every tensor named like a model weight in that weight's shape (for every
+    algorithm: `test_every_algorithms_checkpoint_passes_the_resume_check`). A hand-edited file would otherwise fail rounds later in a raw error (a shape,
     a string where a tensor was) or, with a weight taken out, resume silently on a default.
     `server`: the algorithm's starting state; `model`: the model's initial weights.
     """
@@ -159,6 +159,6 @@ def check_states(ckpt: dict, server: Records, model: Arrays, path: Path) -> None
         if not isinstance(per_client, dict):
             fail(key, "is not a mapping of clients")
         for client, value in per_client.items():
-            if not (isinstance(client, str) and client.isdigit()):
+            if not (isinstance(client, str) and client.removeprefix("-").isdigit()):
                 fail(f"{key}.{client}", "is not a client id")
             kind(f"{key}.{client}", value)
