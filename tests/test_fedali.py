@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import uci_har_slice
 from protofed.algorithms import Reply, Setting, build_algorithm
 from protofed.algorithms.fedali import GLOBAL_BANKS, LOCAL_BANKS, SCALARS, FedAli
 from protofed.config import ModelConfig, TrainConfig, load_config
@@ -405,14 +405,7 @@ def test_torch_and_sklearn_server_kmeans_give_the_same_global_prototypes() -> No
 # a short real run ---------------------------------------------------------------------------
 def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
     """Real UCI-HAR windows (every third) of 4 subjects, 6 channels (total acc + body gyro)."""
-    raw = np.load(shared_data / "har" / "uci_har.npz", allow_pickle=False)
-    channels = [str(c) for c in raw["channels"]]
-    pick = [
-        channels.index(f"{kind}_{axis}") for kind in ("total_acc", "body_gyro") for axis in "xyz"
-    ]
-    keep = np.isin(raw["subject"], [1, 3, 5, 6]) & (np.arange(len(raw["y"])) % 3 == 0)  # fast
-    path = tmp_path / "uci_har_4.npz"
-    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
+    path = uci_har_slice(tmp_path / "uci_har_4.npz", [1, 3, 5, 6], every=3)
     cfg = load_config(
         None,
         [

@@ -43,6 +43,7 @@ from protofed.runtime import fit_client, prepare, simulate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_golden  # noqa: E402
+from conftest import uci_har_slice  # noqa: E402
 
 for _key, _value in FLOWER_ENV.items():  # no telemetry, no update check, no pip installs
     os.environ.setdefault(_key, _value)
@@ -70,16 +71,6 @@ SMALL = {  # per-algorithm settings that keep the runs short
 }
 
 
-def _har_slice(shared_data: Path, path: Path, subjects: list[int], every: int) -> Path:
-    """UCI-HAR windows of a few subjects (natural clients), total acc + body gyro."""
-    raw = np.load(shared_data / "har" / "uci_har.npz", allow_pickle=False)
-    channels = [str(c) for c in raw["channels"]]
-    pick = [channels.index(f"{k}_{a}") for k in ("total_acc", "body_gyro") for a in "xyz"]
-    keep = np.isin(raw["subject"], subjects) & (np.arange(len(raw["y"])) % every == 0)
-    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
-    return path
-
-
 def _config(path: Path, name: str, *extra: str):
     model = SMALL.get(name, ["model.name=mlp", "model.hidden=[64]"])
     return load_config(
@@ -103,9 +94,9 @@ def _config(path: Path, name: str, *extra: str):
 def har(shared_data, tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("har")
     return {
-        "4": _har_slice(shared_data, folder / "har4.npz", [1, 3, 5, 6], every=6),
-        "6": _har_slice(shared_data, folder / "har6.npz", [1, 3, 5, 6, 7, 8], every=8),
-        "3": _har_slice(shared_data, folder / "har3.npz", [1, 3, 5], every=6),
+        "4": uci_har_slice(folder / "har4.npz", [1, 3, 5, 6], every=6),
+        "6": uci_har_slice(folder / "har6.npz", [1, 3, 5, 6, 7, 8], every=8),
+        "3": uci_har_slice(folder / "har3.npz", [1, 3, 5], every=6),
     }
 
 

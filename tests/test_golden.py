@@ -14,8 +14,9 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from conftest import uci_har_slice
 
 GOLDEN = Path(__file__).parent / "golden"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -78,13 +79,8 @@ RUNS: dict[str, list[str]] = {
 
 
 def har_slice(path: Path) -> Path:
-    """UCI-HAR windows of four subjects (natural clients), total acc + body gyro."""
-    raw = np.load(SHARED_DATA / "har" / "uci_har.npz", allow_pickle=False)
-    channels = [str(c) for c in raw["channels"]]
-    pick = [channels.index(f"{k}_{a}") for k in ("total_acc", "body_gyro") for a in "xyz"]
-    keep = np.isin(raw["subject"], [1, 3, 5, 6]) & (np.arange(len(raw["y"])) % 6 == 0)
-    np.savez(path, X=raw["X"][keep][:, pick], y=raw["y"][keep], group=raw["subject"][keep])
-    return path
+    """UCI-HAR windows of four subjects: the golden runs' data."""
+    return uci_har_slice(path, [1, 3, 5, 6], every=6)
 
 
 def config_of(name: str, har: Path, *extra: str):
