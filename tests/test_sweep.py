@@ -148,6 +148,7 @@ def _one_line_error(result) -> str:
         ({"grid": {"algorithm.mu": [0.1]}}, "unknown config key 'algorithm.mu'"),
         ({"seedz": [0]}, "unknown key 'seedz'"),
         ({"folder": "fixed"}, "two runs are named 'fixed'"),
+        ({"folder": "x" * 249 + "_{seed}"}, "is 251 bytes, over the 250"),
         ({"config": "nowhere.yaml"}, "config file not found: nowhere.yaml"),
         (
             {"base": {**BASE, "data": {"name": "uci_har", "dir": "/nonexistent"}}},

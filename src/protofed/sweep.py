@@ -199,7 +199,18 @@ class SweepSpec(_Strict):
                 f"folder '{name}' is not a usable folder name (a part is empty, starts with "
                 "a dot, or is reserved)"
             )
+        longest = max(segments, key=lambda s: len(s.encode()))
+        if len(longest.encode()) + len(".yaml") > NAME_MAX:  # beside it: <name>.yaml, .log
+            raise ConfigError(
+                f"folder '{longest[:40]}...' is {len(longest.encode())} bytes, over the "
+                f"{NAME_MAX - len('.yaml')} a run's folder and files can have: give `folder:` a "
+                "shorter template"
+            )
         return name
+
+
+NAME_MAX = 255
+"""The longest file name, in bytes, of the file systems a sweep writes to (Linux, macOS)."""
 
 
 def _text(value: Any) -> str:
