@@ -16,7 +16,13 @@ from protofed.cli import app
 from protofed.config import load_config
 from protofed.data import build_federated
 from protofed.plots import save_figure
-from protofed.plots.embed import EMBED_STREAM, embedding_figure, federation, other_clients
+from protofed.plots.embed import (
+    EMBED_STREAM,
+    embedding_figure,
+    federation,
+    other_clients,
+    tsne,
+)
 from protofed.plots.partition import HEATMAP, client_domains, partition_figure
 from protofed.runtime import resume, start
 from protofed.runtime.keep import read_kept
@@ -182,7 +188,8 @@ def test_keeping_prototypes_changes_no_number_and_survives_resume(runs):
 
 
 def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
-    """Files of two runs mixed in one folder, or an object array: named, never unpickled."""
+    """Files of two runs mixed in one folder, NaN prototypes, or an object array: named,
+    never unpickled."""
     import shutil
 
     from protofed.errors import ConfigError
@@ -192,10 +199,17 @@ def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
     shutil.copytree(runs["fedproto"], mixed)
     with np.load(mixed / "prototypes" / "round_0004.npz", allow_pickle=False) as f:
         arrays = {k: f[k] for k in f.files}
+    original = arrays["global"]
     arrays["global"] = np.zeros((len(arrays["global_classes"]), 8), np.float32)
     np.savez(mixed / "prototypes" / "round_0004.npz", **arrays)
     with pytest.raises(ConfigError, match="differ in width"):
         prototype_figure(mixed)
+    arrays["global"] = np.full(original.shape, np.nan, np.float32)
+    np.savez(mixed / "prototypes" / "round_0004.npz", **arrays)
+    with pytest.raises(ConfigError, match="round 4's global prototypes are not all finite"):
+        prototype_figure(mixed)  # before: a raw error from inside t-SNE
+    with pytest.raises(ConfigError, match="1 of the 3 points to map hold NaN"):
+        tsne(np.array([[0.0, 1.0], [np.inf, 0.0], [1.0, 1.0]]), seed=0)
     np.savez(mixed / "prototypes" / "round_0004.npz", global_=np.array([{}], dtype=object))
     with pytest.raises(ConfigError, match="never unpickled") as caught:
         read_kept(mixed)

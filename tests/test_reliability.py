@@ -422,6 +422,17 @@ def test_labels_outside_the_classes_of_a_data_file_are_one_line(shared_data, tmp
     assert not out.exists()
 
 
+def test_a_last_batch_of_one_that_batchnorm_cannot_train_on_is_refused_up_front(tmp_path):
+    """resnet18 on 8x8 digits ends in 1x1 maps: a batch of one sample gives BatchNorm one
+    value per channel. 315 training samples in batches of 157 leave one; before, the run
+    failed in its first round with a traceback."""
+    out = tmp_path / "run"
+    iid = ["data.partition=iid", "model.name=resnet18", "train.batch_size=157"]
+    result = runner.invoke(app, ["run", "--out", str(out), *_sets([*SMALL, *iid])])
+    _one_error_line(result, "client_000 has 315 training samples", "train.batch_size=157")
+    assert not out.exists()
+
+
 def test_out_on_a_file_and_on_a_read_only_place_are_one_line(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     result = runner.invoke(app, ["run", "--out", str(tmp_path / "file"), *_sets(SMALL)])

@@ -64,6 +64,10 @@ def tsne(points: np.ndarray, seed: int) -> np.ndarray:
     n = len(points)
     if n < 3:
         raise ConfigError(f"t-SNE needs at least 3 points, got {n}")
+    if bad := int((~np.isfinite(points).all(axis=1)).sum()):
+        raise ConfigError(
+            f"{bad} of the {n} points to map hold NaN or infinity (a diverged model?)"
+        )
     perplexity = float(min(30.0, max(1.0, (n - 1) / 3)))
     model = TSNE(2, perplexity=perplexity, init="pca", random_state=seed % 2**32)
     with threadpool_limits(1):
@@ -313,6 +317,11 @@ def prototype_figure(run: Run | str | Path) -> Figure:
     rows, classes, rounds, owner = [], [], [], []
     for r, sets in kept.items():
         for name, (means, ids) in sets.items():
+            if means.dtype.kind not in "iuf" or not np.isfinite(means).all():
+                raise ConfigError(
+                    f"{run.path / 'prototypes'}: round {r}'s {name} prototypes are not all "
+                    "finite numbers; nothing to draw"
+                )
             rows.append(means)
             classes.append(ids)
             rounds.append(np.full(len(ids), r))

@@ -6,6 +6,7 @@ model that cannot take the input shape stops the run with one line and leaves no
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,7 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
             )
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
+    check_batch_of_one(cfg, model, [pooled] if pooled is not None else fed.clients)
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
 
 
@@ -128,6 +130,28 @@ def check_trained_memory(cfg: ExperimentConfig, model: FedModel, num_clients: in
             f"{size / 2**20:.3g} MB = {need_mb:.4g} MB exceeds eval.trained_memory_mb="
             f"{cfg.eval.trained_memory_mb:g} (raise it, or use eval.client_model=received)"
         )
+
+
+def check_batch_of_one(cfg: ExperimentConfig, model: FedModel, clients: list[ClientData]) -> None:
+    """A model whose BatchNorm sees one value per channel (resnet18 on images of 8 pixels a
+    side or less) cannot train on a batch of one sample: refuse a run where a client's last
+    batch would hold one, rather than fail in the middle of a round."""
+    batch = cfg.train.batch_size
+    lone = [c for c in clients if batch == 1 or len(c.train_y) % batch == 1]
+    if not lone:
+        return
+    probe = copy.deepcopy(model).train()
+    try:
+        probe(lone[0].train_x[:1])
+    except ValueError as exc:
+        if "more than 1 value per channel" not in str(exc):
+            raise
+        raise ConfigError(
+            f"client {lone[0].name} has {len(lone[0].train_y)} training samples, so its last "
+            f"batch of train.batch_size={batch} holds one, on which {cfg.model.name}'s "
+            f"BatchNorm cannot train at input shape {tuple(lone[0].train_x.shape[1:])}: set "
+            "another train.batch_size (or a larger data.image_size)"
+        ) from None
 
 
 def with_data_root(cfg: ExperimentConfig, data_dir: str | Path | None = None) -> ExperimentConfig:
