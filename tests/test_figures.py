@@ -101,6 +101,12 @@ def test_partition_plot_draws_the_counts_matrix(tmp_path):
         path = tmp_path / f"part.{suffix}"
         assert path.stat().st_size > 1000, path
     assert (tmp_path / "part.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "blocked.pdf").mkdir()  # no PNG written beside a PDF that cannot be
+    result = runner.invoke(
+        app, ["partition", *_sets(sets), "--plot", "-o", str(tmp_path / "blocked")]
+    )
+    assert result.exit_code == 2 and "blocked.pdf is a folder" in result.output
+    assert not (tmp_path / "blocked.png").exists()
 
     fed = build_federated(load_config(None, sets).data, 0)
     fig = partition_figure(fed)

@@ -319,6 +319,10 @@ def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
         (run / "metrics.jsonl").write_text(text)  # the table is fine, the figures are not
         line = _one_line_error(runner.invoke(app, ["report", str(run), "--plot", "-o", str(out)]))
         assert expected in line
+    (tmp_path / "out-clients.pdf").mkdir()  # a blocked figure: no table, no other figure
+    args = ["report", str(sweep / "fedavg_s0"), "--plot", "-o", str(out)]
+    assert "out-clients.pdf is a folder" in _one_line_error(runner.invoke(app, args))
+    (tmp_path / "out-clients.pdf").rmdir()
     unfinished = tmp_path / "unfinished"
     shutil.copytree(sweep / "more" / "killed_s0", unfinished)
     (unfinished / "run.json").write_text("[]")

@@ -442,7 +442,7 @@ def report(
 ) -> None:
     """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
     and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
-    from protofed.core.files import atomic_write_text
+    from protofed.core.files import atomic_write_text, check_writable
     from protofed.report import (
         PRINTED,
         STD_NOTE,
@@ -479,10 +479,14 @@ def report(
         needed = sum(max(len(c) for c in col) + 3 for col in zip(head, *body, strict=True)) + 4
         wide = Console(width=max(console.width, min(needed, 240)))  # a table, not wrapped cells
         if plot:
-            from protofed.plots.curves import figures, write_figures
+            from protofed.plots.curves import check_figures_writable, figures, write_figures
 
             drawn = figures(groups)  # before any file: a run it cannot draw writes nothing
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
+        for path in (md, csv_path):  # every place probed first: a blocked one writes nothing
+            check_writable(path)
+        if plot:
+            check_figures_writable(drawn, out)
         atomic_write_text(md, to_markdown(table_rows, when))  # before the table: a failed
         atomic_write_text(csv_path, to_csv(table_rows))  # write is then the one line shown
         wide.print(table)

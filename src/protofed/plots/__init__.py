@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protofed.core.files import atomic_write
+from protofed.core.files import atomic_write, check_writable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -37,16 +37,25 @@ def new_figure(width: float = 6.4, height: float = 4.2, **subplots) -> tuple[Fig
     return fig, axes
 
 
+def figure_paths(prefix: str | Path) -> list[Path]:
+    """The files `save_figure(fig, prefix)` writes: PREFIX.png and PREFIX.pdf."""
+    prefix = Path(prefix)
+    return [prefix.with_name(f"{prefix.name}.{fmt}") for fmt in FORMATS]
+
+
 def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
-    """Write `prefix`.png and `prefix`.pdf atomically, close the figure, return the paths."""
+    """Write `prefix`.png and `prefix`.pdf atomically, close the figure, return the paths.
+
+    Both places are probed first: a PDF path that is a folder must not leave a new PNG
+    beside an old PDF."""
     import matplotlib.pyplot as plt
 
-    prefix = Path(prefix)
-    paths = []
+    paths = figure_paths(prefix)
+    for path in paths:
+        check_writable(path)
     if fig.get_layout_engine() is None:  # a constrained layout (legends outside) stays
         fig.tight_layout()
-    for fmt in FORMATS:
-        path = prefix.with_name(f"{prefix.name}.{fmt}")
-        paths.append(atomic_write(path, lambda h, fmt=fmt: fig.savefig(h, format=fmt, dpi=DPI)))
+    for path, fmt in zip(paths, FORMATS, strict=True):
+        atomic_write(path, lambda h, fmt=fmt: fig.savefig(h, format=fmt, dpi=DPI))
     plt.close(fig)
     return paths

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from protofed.api import Run
+from protofed.core.files import check_writable
 from protofed.errors import ConfigError
-from protofed.plots import new_figure, save_figure
+from protofed.plots import figure_paths, new_figure, save_figure
 from protofed.report import Group
 from protofed.runs import PARTITION
 
@@ -291,14 +292,28 @@ def figures(groups: Sequence[Group]) -> dict[str, Figure]:
     return out
 
 
+def figure_prefixes(drawn: dict[str, Figure], prefix: str | Path) -> dict[str, Path]:
+    """PREFIX-curves, PREFIX-clients, PREFIX-pers_gen: where `write_figures` puts each."""
+    prefix = Path(prefix)
+    return {name: prefix.with_name(f"{prefix.name}-{name}") for name in drawn}
+
+
+def check_figures_writable(drawn: dict[str, Figure], prefix: str | Path) -> None:
+    """Probe every file `write_figures` would write: a blocked one (a folder of its name)
+    is refused before any of the set, or the report's tables, are written."""
+    for target in figure_prefixes(drawn, prefix).values():
+        for path in figure_paths(target):
+            check_writable(path)
+
+
 def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int) -> list[Path]:
     """PREFIX-curves, PREFIX-clients, PREFIX-pers_gen (.png and .pdf) of `figures(groups)`
     (drawn first, so that runs it cannot draw fail before anything is written)."""
-    prefix = Path(prefix)
+    check_figures_writable(drawn, prefix)
     when = f"round {which}" if isinstance(which, int) else f"{which} round"
     paths: list[Path] = []
     for name, fig in drawn.items():
         if name != CURVES_NAME:
             fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})", fontsize=10)
-        paths += save_figure(fig, prefix.with_name(f"{prefix.name}-{name}"))
+        paths += save_figure(fig, figure_prefixes(drawn, prefix)[name])
     return paths
