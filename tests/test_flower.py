@@ -229,6 +229,32 @@ def test_cli_engine_option_errors_are_one_line(tmp_path) -> None:
     assert resume.exit_code == 2 and "no --resume" in resume.output
 
 
+def test_a_ray_address_nothing_answers_at_is_one_line_before_any_file(tmp_path, monkeypatch):
+    """Before, Ray waited on such an address, or failed after the run directory was made."""
+    from typer.testing import CliRunner
+
+    from protofed.cli import app
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "x"
+
+    def line(address: str) -> str:
+        args = ["run", "--engine", "flower", "--out", str(out), "-s", "data.name=digits"]
+        result = CliRunner().invoke(app, [*args, "-s", f"flower.ray_address={address}"])
+        text = result.output.strip()
+        assert result.exit_code == 2 and len(text.splitlines()) == 1, text
+        assert not out.exists()
+        return text
+
+    assert f"nothing answers at 127.0.0.1:{port}" in line(f"127.0.0.1:{port}")
+    assert "is not HOST:PORT" in line("head-without-port")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # Ray's own rule: it wins
+    assert f"(RAY_ADDRESS=127.0.0.1:{port}): nothing answers" in line("auto")
+
+
 # the simulation engine: one Ray session for every experiment ----------------------------------
 class _Records(logging.Handler):
     def __init__(self) -> None:
