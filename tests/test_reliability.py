@@ -27,7 +27,7 @@ from protofed import load_run
 from protofed.cli import app
 from protofed.config import load_config
 from protofed.core.files import atomic_write_text
-from protofed.errors import ConfigError
+from protofed.errors import ConfigError, RunComplete
 from protofed.runs import RunDir
 from protofed.runtime import resume, start
 
@@ -186,6 +186,10 @@ def _foreign_client(ckpt: dict) -> None:
     ckpt["clients"]["x"] = {}
 
 
+def _metrics_not_a_position(ckpt: dict) -> None:
+    ckpt["metrics"] = "x"
+
+
 def _fingerprint_not_a_mapping(ckpt: dict) -> None:
     ckpt["fingerprint"] = [1]
 
@@ -193,11 +197,12 @@ def _fingerprint_not_a_mapping(ckpt: dict) -> None:
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
-        (_drop_a_weight, "'server.model.head.bias' is missing"),
-        (_reshape_a_weight, "'server.model.head.bias' has shape (3,), the model's weight (10,)"),
-        (_string_for_a_tensor, "'server.model.head.bias' is not a tensor"),
+        (_drop_a_weight, "server 'model.head.bias' is missing"),
+        (_reshape_a_weight, "server 'model.head.bias' has shape (3,), the model's (10,)"),
+        (_string_for_a_tensor, "server 'model.head.bias' must be a torch.Tensor, not str"),
         (_string_for_a_round, "'progress.server_round' is not a round number"),
         (_foreign_client, "'clients.x' is not a client id"),
+        (_metrics_not_a_position, "'metrics' is not a position in metrics.jsonl"),
         (_fingerprint_not_a_mapping, "fingerprint is not as protofed writes it"),
     ],
 )
@@ -218,7 +223,7 @@ def test_a_model_is_not_loaded_from_an_edited_checkpoint(tmp_path):
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     _drop_a_weight(ckpt)
     torch.save(ckpt, run / "checkpoint.pt")
-    with pytest.raises(ConfigError, match="'server.model.head.bias' is missing"):
+    with pytest.raises(ConfigError, match="server 'model.head.bias' is missing"):
         load_run(run).client_model(0)
 
 
@@ -260,7 +265,7 @@ def test_resume_holds_the_directory_before_it_reads_anything(tmp_path):
     holder.unlock()
     (run / "summary.json").write_text("{}")  # the other process finished meanwhile
     before = _snapshot(run)
-    with pytest.raises(ConfigError, match="completed by another process"):
+    with pytest.raises(RunComplete, match="is complete: nothing to resume"):
         resume(run)
     assert _snapshot(run) == before
     RunDir.open(run).lock()  # and the refused resume let go of it

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.core.files import check_writable
-from protofed.errors import ConfigError
+from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, METRICS, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
 
 if TYPE_CHECKING:
@@ -224,11 +224,15 @@ class Run:
                     "whose client states were kept by this process (the built-in engine; a "
                     "Flower run keeps them on the clients)"
                 )
-            from protofed.runtime.fingerprint import check_states
+            from protofed.runtime.fingerprint import states_fault
 
             _, algorithm = self._model_and_algorithm()
             initial = algorithm.setting.init_model
-            check_states(ckpt, algorithm.init_server(), initial, self.path / CHECKPOINT)
+            if fault := states_fault(ckpt, algorithm.init_server(), initial):
+                raise ConfigError(
+                    f"{self.path / CHECKPOINT}: {fault} (the file was edited, or written by "
+                    "another protofed version)"
+                )
             self._checkpoint = ckpt
         return self._checkpoint
 
@@ -363,9 +367,10 @@ def resume(
     from protofed.tracking import log_kinds
 
     logs = log_kinds(log)
-    if RunDir.open(path).complete:
+    try:
+        loop = resume_loop(path, data_dir)
+    except RunComplete:  # complete before, or finished by another process meanwhile
         return Run(path)
-    loop = resume_loop(path, data_dir)
     return _drive(loop, loop.run, path, logs, on_round)
 
 

@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from protofed.errors import ConfigError, RunStopped
+from protofed.errors import ConfigError, RunComplete, RunStopped
 
 app = typer.Typer(
     add_completion=False,
@@ -227,7 +227,11 @@ def run(
             from protofed.runs import SUMMARY, RunDir, reading
 
             existing = RunDir.open(resume_dir)
-            if existing.complete:
+            try:
+                loop = None if existing.complete else resume(resume_dir, data_dir)
+            except RunComplete:  # another process finished it while this one started
+                loop = None
+            if loop is None:
                 with reading(existing.path / SUMMARY):
                     summary = existing.read_json(SUMMARY)
                     if summary.get("status") == "diverged":  # over: its state is not finite
@@ -240,7 +244,6 @@ def run(
                 console.print(f"{resume_dir} is already complete.")
                 print_summary(view, resume_dir)
                 return
-            loop = resume(resume_dir, data_dir)
             out = resume_dir
         else:
             cfg = _config(config, set_, data_dir)

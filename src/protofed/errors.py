@@ -13,3 +13,8 @@ class ConfigError(ValueError):
 class RunStopped(RuntimeError):
     """A run that cannot go on for a reason outside protofed's code: a Flower round without
     enough replies, nodes that are gone. The CLI prints it on one line (exit code 2)."""
+
+
+class RunComplete(ConfigError):
+    """A resume found the run complete: another process finished it in the meantime. The
+    CLI and `protofed.resume` treat it as a finished run, not as an error."""

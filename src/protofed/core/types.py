@@ -94,7 +94,8 @@ class Client(Protocol):
     def train_model(self, **kwargs) -> Metrics: ...
 
 
-def _records_fault(records: object, what: str) -> str | None:
+def records_fault(records: object, what: str) -> str | None:
+    """What makes `records` not `Records` (named dicts of tensors), or None."""
     if not isinstance(records, dict):
         return f"{what} must be a dict of records, not {type(records).__name__}"
     for name, arrays in records.items():
@@ -125,12 +126,12 @@ def check_result(result: object, hook: str, algorithm: str) -> None:
         fault = f"must return {article} {expected.__name__}, not {type(result).__name__}"
     elif isinstance(result, FitResult):
         fault = (
-            _records_fault(result.reply, "reply")
+            records_fault(result.reply, "reply")
             or _metrics_fault(result.metrics)
-            or _records_fault(result.state, "state")
+            or records_fault(result.state, "state")
         )
     else:
-        fault = _records_fault(result.server, "server") or _metrics_fault(result.metrics)
+        fault = records_fault(result.server, "server") or _metrics_fault(result.metrics)
     if fault is not None:
         raise TypeError(f"{algorithm}.{hook}: {fault}")
 

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 from protofed.config import ExperimentConfig, build_config
-from protofed.errors import ConfigError
+from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, RunDir
-from protofed.runtime.fingerprint import check_fingerprint, check_states, fingerprint
+from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
 from protofed.runtime.local import InProcessTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
@@ -50,18 +50,18 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
     written. The directory is locked for the resumed run.
     """
     run = RunDir.open(path)
-    engine = run.info().get("engine", "builtin")
-    if engine != "builtin":
-        raise ConfigError(
-            f"{run.path} was run on the {engine} engine, whose client states live with the "
-            "clients: it cannot resume (start it again with --force)"
-        )
     # Locked before anything is read: a run that finishes while this one loads its data
     # must not be reopened and its summary rewritten.
     run.lock()
     try:
-        if run.complete:
-            raise ConfigError(f"{run.path} was completed by another process: nothing to resume")
+        if run.complete:  # finished, maybe by another process while this one started
+            raise RunComplete(f"{run.path} is complete: nothing to resume")
+        engine = run.info().get("engine", "builtin")
+        if engine != "builtin":
+            raise ConfigError(
+                f"{run.path} was run on the {engine} engine, whose client states live with "
+                "the clients: it cannot resume (start it again with --force)"
+            )
         cfg = build_config(run.config())
         data_dir = data_dir if data_dir is not None else os.environ.get("PROTOFED_DATA") or None
         if data_dir is not None:
@@ -79,8 +79,8 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         progress = ckpt["progress"]
         server_round = progress.get("server_round") if isinstance(progress, dict) else None
         check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
-        initial = prepared.algorithm.setting.init_model
-        check_states(ckpt, loop.server, initial, run.path / CHECKPOINT)
+        if fault := states_fault(ckpt, loop.server, prepared.algorithm.setting.init_model):
+            raise ConfigError(f"{run.path / CHECKPOINT}: {fault}; start the run again with --force")
         loop.history = run.restore_metrics(ckpt["metrics"], server_round)
         loop.restore(ckpt)
     except BaseException:

@@ -9,12 +9,11 @@ changed.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from protofed.core.types import Arrays, Records
+from protofed.core.types import Arrays, records_fault
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
@@ -113,52 +112,52 @@ def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: i
         )
 
 
-def check_states(ckpt: dict, server: Records, model: Arrays, path: Path) -> None:
-    """A one-line error if the checkpoint's states are not what protofed writes.
+def states_fault(ckpt: dict, server: Mapping[str, Collection[str]], model: Arrays) -> str | None:
+    """What in a checkpoint's states is not as protofed writes them, or None.
 
-    protofed only ever adds records to the server's state, keeps the names in each, and
-    stores every tensor named like a model weight in that weight's shape (for every
-    algorithm: `test_every_algorithms_checkpoint_passes_the_resume_check`). A hand-edited file would otherwise fail rounds later in a raw error (a shape,
-    a string where a tensor was) or, with a weight taken out, resume silently on a default.
-    `server`: the algorithm's starting state; `model`: the model's initial weights.
+    The checkpoint contract every algorithm keeps (docs/architecture.md; checked when each
+    checkpoint is written, and for every built-in algorithm by
+    `test_every_algorithms_checkpoint_passes_the_resume_check`): the server's state keeps
+    the records it started with and their names, and every tensor named like a model
+    weight has that weight's shape. A hand-edited file would otherwise fail rounds later in
+    a raw error (a shape, a string where a tensor was) or, with a weight taken out, resume
+    silently on a default. `server`: the records the server's state starts with and their
+    names (its starting `Records` will do); `model`: the model's initial weights.
     """
-
-    def fail(where: str, what: str) -> None:
-        raise ConfigError(f"{path}: '{where}' {what}; start the run again with --force")
-
-    def check_arrays(where: str, arrays: Any) -> None:
-        if not isinstance(arrays, dict):
-            fail(where, "is not a record of tensors")
-        for name, tensor in arrays.items():
-            if not isinstance(tensor, torch.Tensor):
-                fail(f"{where}.{name}", "is not a tensor")
-            if name in model and tensor.shape != model[name].shape:
-                shape, expected = tuple(tensor.shape), tuple(model[name].shape)
-                fail(f"{where}.{name}", f"has shape {shape}, the model's weight {expected}")
-
-    def check_records(where: str, records: Any) -> None:
-        if not isinstance(records, dict):
-            fail(where, "is not a mapping of records")
-        for name, arrays in records.items():
-            check_arrays(f"{where}.{name}", arrays)
-
-    progress = ckpt["progress"]
+    progress, metrics = ckpt.get("progress"), ckpt.get("metrics")
     if not isinstance(progress, dict) or type(progress.get("server_round")) is not int:
-        fail("progress.server_round", "is not a round number")
-    for key, value in progress.items():
-        if type(value) not in (int, float):
-            fail(f"progress.{key}", "is not a number")
-    check_records("server", ckpt["server"])
+        return "'progress.server_round' is not a round number"
+    if bad := [k for k, v in progress.items() if type(v) not in (int, float)]:
+        return f"'progress.{bad[0]}' is not a number"
+    if not (
+        isinstance(metrics, dict)
+        and type(metrics.get("bytes")) is int
+        and isinstance(metrics.get("sha256"), str)
+    ):
+        return "'metrics' is not a position in metrics.jsonl"
+    clients, trained = ckpt.get("clients", {}), ckpt.get("trained", {})
+    for key, per_client in (("clients", clients), ("trained", trained)):
+        if not isinstance(per_client, dict):
+            return f"'{key}' is not a mapping of clients"
+        for client in per_client:
+            try:
+                int(client)
+            except (TypeError, ValueError):
+                return f"'{key}.{client}' is not a client id"
+    named = [("server", ckpt.get("server"))]
+    named += [(f"client {c}'s state", state) for c, state in clients.items()]
+    named.append(("trained models", trained))  # client id -> weights: records in form
+    for what, records in named:
+        if fault := records_fault(records, what):
+            return fault
+        for record, arrays in records.items():
+            for name, tensor in arrays.items():
+                if name in model and tensor.shape != model[name].shape:
+                    shape, expected = tuple(tensor.shape), tuple(model[name].shape)
+                    return f"{what} '{record}.{name}' has shape {shape}, the model's {expected}"
     for record, arrays in server.items():
         if record not in ckpt["server"]:
-            fail(f"server.{record}", "is missing")
-        if missing := sorted(set(arrays) - set(ckpt["server"][record])):
-            fail(f"server.{record}.{missing[0]}", "is missing")
-    for key, kind in (("clients", check_records), ("trained", check_arrays)):
-        per_client = ckpt.get(key, {})
-        if not isinstance(per_client, dict):
-            fail(key, "is not a mapping of clients")
-        for client, value in per_client.items():
-            if not (isinstance(client, str) and client.removeprefix("-").isdigit()):
-                fail(f"{key}.{client}", "is not a client id")
-            kind(f"{key}.{client}", value)
+            return f"server record '{record}' is missing"
+        if missing := [n for n in arrays if n not in ckpt["server"][record]]:
+            return f"server '{record}.{missing[0]}' is missing"
+    return None

@@ -24,7 +24,7 @@ from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Metrics, Records, Reply, check_result, nbytes
 from protofed.evaluation import select_global_round, select_round
 from protofed.runs import RunDir, strict_json
-from protofed.runtime.fingerprint import fingerprint
+from protofed.runtime.fingerprint import fingerprint, states_fault
 from protofed.runtime.keep import keep, keeps
 from protofed.runtime.prepare import POOLED, Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
@@ -115,6 +115,7 @@ class RoundLoop:
         )
         self.summary_extra = summary_extra
         self.server: Records = self.algorithm.init_server()
+        self._starting_names = {record: list(arrays) for record, arrays in self.server.items()}
         self.progress = Progress()
         self.history: list[dict] = []
         self._fingerprint: dict | None = None
@@ -142,7 +143,7 @@ class RoundLoop:
         if self._fingerprint is None:
             self._fingerprint = fingerprint(self.prepared)
         trained = self.transport.trained or {}
-        return {
+        state = {
             "progress": asdict(self.progress),
             "server": self.server,
             "clients": {str(i): s for i, s in self.transport.states.items()},
@@ -151,6 +152,14 @@ class RoundLoop:
             "fingerprint": self._fingerprint,
             "metrics": self.run_dir.metrics_position(),
         }
+        # what a resume will check, checked now: a plugin that breaks the contract fails in
+        # its first round, not at a resume hours later
+        if fault := states_fault(state, self._starting_names, self.algorithm.setting.init_model):
+            raise TypeError(
+                f"{self.algorithm.name}: its state breaks the checkpoint contract "
+                f"(docs/architecture.md, Adding an algorithm): {fault}"
+            )
+        return state
 
     def restore(self, ckpt: dict) -> None:
         assert self.transport.states is not None, "the transport keeps no client states"
