@@ -251,8 +251,10 @@ def test_a_ray_address_nothing_answers_at_is_one_line_before_any_file(tmp_path, 
 
     assert f"nothing answers at 127.0.0.1:{port}" in line(f"127.0.0.1:{port}")
     assert "is not HOST:PORT" in line("head-without-port")
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # Ray's own rule: it wins
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # as in Ray: what `auto` means
     assert f"(RAY_ADDRESS=127.0.0.1:{port}): nothing answers" in line("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # stale, but a HOST:PORT given wins
+    assert f"flower.ray_address=127.0.0.1:{port}: nothing answers" in line(f"127.0.0.1:{port}")
 
 
 # the simulation engine: one Ray session for every experiment ----------------------------------

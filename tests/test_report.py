@@ -322,6 +322,7 @@ def test_files_that_parse_but_are_not_protofeds_are_one_line(sweep, tmp_path):
     (tmp_path / "out-clients.pdf").mkdir()  # a blocked figure: no table, no other figure
     args = ["report", str(sweep / "fedavg_s0"), "--plot", "-o", str(out)]
     assert "out-clients.pdf is a folder" in _one_line_error(runner.invoke(app, args))
+    assert not [p.name for p in tmp_path.glob("out*") if p.name != "out-clients.pdf"]
     (tmp_path / "out-clients.pdf").rmdir()
     unfinished = tmp_path / "unfinished"
     shutil.copytree(sweep / "more" / "killed_s0", unfinished)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from protofed import plugins
 from protofed.config import ExperimentConfig, apply_overrides, build_config, load_raw, set_key
-from protofed.core.files import atomic_write_text, writing
+from protofed.core.files import ATOMIC_NAME_MAX, NAME_MAX, atomic_write_text, writing
 from protofed.errors import ConfigError
 from protofed.runs import CHECKPOINT, CONFIG, LOCK, SUMMARY, RunDir, protofed_version
 
@@ -199,18 +199,15 @@ class SweepSpec(_Strict):
                 f"folder '{name}' is not a usable folder name (a part is empty, starts with "
                 "a dot, or is reserved)"
             )
-        longest = max(segments, key=lambda s: len(s.encode()))
-        if len(longest.encode()) + len(".yaml") > NAME_MAX:  # beside it: <name>.yaml, .log
-            raise ConfigError(
-                f"folder '{longest[:40]}...' is {len(longest.encode())} bytes, over the "
-                f"{NAME_MAX - len('.yaml')} a run's folder and files can have: give `folder:` a "
-                "shorter template"
-            )
+        # the last part has its config written beside it (atomically: <part>.yaml)
+        limits = [NAME_MAX] * (len(segments) - 1) + [ATOMIC_NAME_MAX - len(".yaml")]
+        for segment, limit in zip(segments, limits, strict=True):
+            if len(segment.encode()) > limit:
+                raise ConfigError(
+                    f"folder '{segment[:40]}...' is {len(segment.encode())} bytes, over the "
+                    f"{limit} a file name can have here: give `folder:` a shorter template"
+                )
         return name
-
-
-NAME_MAX = 255
-"""The longest file name, in bytes, of the file systems a sweep writes to (Linux, macOS)."""
 
 
 def _text(value: Any) -> str:

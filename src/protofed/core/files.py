@@ -59,6 +59,13 @@ def writing(path: Path) -> Iterator[None]:
         raise write_fault(path, exc) from None
 
 
+NAME_MAX = 255
+"""The longest file name, in bytes, on the file systems protofed writes to (Linux, macOS)."""
+ATOMIC_NAME_MAX = NAME_MAX - len("..") - 8 - len(".tmp")
+"""The longest name `atomic_write` can write: its temporary, `.NAME.XXXXXXXX.tmp` (mkstemp's
+8 random characters), must fit in NAME_MAX too."""
+
+
 def check_writable(path: str | Path) -> None:
     """Refuse, before hours of work, a file that `atomic_write` could not write: a folder in
     its place, a file where a folder must go, or a place that takes no file (probed with a

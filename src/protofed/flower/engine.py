@@ -227,27 +227,32 @@ def check_ray_address(address: str) -> None:
     """`flower.ray_address` checked before any file exists: Ray itself waits on an address
     nothing answers at, or fails once the run directory was made; and its own `auto`, with
     no `ray start` cluster to find, attaches to any Ray instance running here, another
-    run's included. As Ray does, RAY_ADDRESS (when set) wins over the key."""
-    from_env = os.environ.get("RAY_ADDRESS") or None
-    target = from_env or address
-    where = f"flower.ray_address={address}" + (f" (RAY_ADDRESS={from_env})" if from_env else "")
-    if target == "auto":
-        from ray._private.utils import read_ray_address  # the last `ray start` here
+    run's included. As in Ray, `auto` means RAY_ADDRESS when set; a HOST:PORT is used as
+    it is."""
+    target, where = address, f"flower.ray_address={address}"
+    if address == "auto":
+        if os.environ.get("RAY_ADDRESS"):
+            target = os.environ["RAY_ADDRESS"]
+            where += f" (RAY_ADDRESS={target})"
+        else:
+            from ray._private.utils import read_ray_address  # the last `ray start` here
 
-        target = read_ray_address()
-        if not target:
-            raise ConfigError(
-                f"{where}: no `ray start` cluster on this machine and RAY_ADDRESS unset (Ray "
-                "would attach to any instance it finds): start one, or name it as HOST:PORT"
-            )
+            target = read_ray_address() or ""
+            if not target:
+                raise ConfigError(
+                    f"{where}: no `ray start` cluster on this machine and RAY_ADDRESS unset "
+                    "(Ray would attach to any instance it finds): start one, or name it as "
+                    "HOST:PORT"
+                )
     host, colon, port = target.removeprefix("ray://").rpartition(":")
-    if not (colon and host and port.isdigit()):
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:6379
+    if not (colon and host and port.isdecimal()):
         raise ConfigError(f"{where}: '{target}' is not HOST:PORT, 'auto' or ray://HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=RAY_PROBE_S).close()
     except OSError as exc:
         raise ConfigError(
-            f"{where}: nothing answers at {host}:{port} ({exc.strerror or type(exc).__name__}); "
+            f"{where}: nothing answers at {target} ({exc.strerror or type(exc).__name__}); "
             "start the cluster (`ray start --head`), or leave the key unset for a Ray of "
             "the run's own"
         ) from None

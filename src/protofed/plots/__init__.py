@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from protofed.core.files import atomic_write, check_writable
+from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,8 +52,12 @@ def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = figure_paths(prefix)
-    for path in paths:
-        check_writable(path)
+    try:
+        for path in paths:
+            check_writable(path)
+    except ConfigError:
+        plt.close(fig)  # refused: not left open in a notebook's session
+        raise
     if fig.get_layout_engine() is None:  # a constrained layout (legends outside) stays
         fig.tight_layout()
     for path, fmt in zip(paths, FORMATS, strict=True):

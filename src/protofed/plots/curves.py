@@ -298,6 +298,14 @@ def figure_prefixes(drawn: dict[str, Figure], prefix: str | Path) -> dict[str, P
     return {name: prefix.with_name(f"{prefix.name}-{name}") for name in drawn}
 
 
+def close_figures(drawn: dict[str, Figure]) -> None:
+    """Release figures that will not be written (pyplot keeps every open one alive)."""
+    import matplotlib.pyplot as plt
+
+    for fig in drawn.values():
+        plt.close(fig)
+
+
 def check_figures_writable(drawn: dict[str, Figure], prefix: str | Path) -> None:
     """Probe every file `write_figures` would write: a blocked one (a folder of its name)
     is refused before any of the set, or the report's tables, are written."""
@@ -309,7 +317,11 @@ def check_figures_writable(drawn: dict[str, Figure], prefix: str | Path) -> None
 def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int) -> list[Path]:
     """PREFIX-curves, PREFIX-clients, PREFIX-pers_gen (.png and .pdf) of `figures(groups)`
     (drawn first, so that runs it cannot draw fail before anything is written)."""
-    check_figures_writable(drawn, prefix)
+    try:
+        check_figures_writable(drawn, prefix)
+    except ConfigError:
+        close_figures(drawn)
+        raise
     when = f"round {which}" if isinstance(which, int) else f"{which} round"
     paths: list[Path] = []
     for name, fig in drawn.items():

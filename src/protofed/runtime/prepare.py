@@ -92,7 +92,8 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
             )
         fed.meta["dynamic"] = dynamic.describe()
     pooled = pooled_data(fed) if algorithm.pools_data else None
-    check_batch_of_one(cfg, model, [pooled] if pooled is not None else fed.clients)
+    if dynamic is None:  # with data.dynamic a client's training set changes by round
+        check_batch_of_one(cfg, model, [pooled] if pooled is not None else fed.clients)
     return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
 
 
