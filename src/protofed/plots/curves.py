@@ -322,10 +322,11 @@ def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int
     except ConfigError:
         close_figures(drawn)
         raise
+    targets = figure_prefixes(drawn, prefix)
     when = f"round {which}" if isinstance(which, int) else f"{which} round"
     paths: list[Path] = []
     for name, fig in drawn.items():
         if name != CURVES_NAME:
             fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})", fontsize=10)
-        paths += save_figure(fig, figure_prefixes(drawn, prefix)[name])
+        paths += save_figure(fig, targets[name])
     return paths

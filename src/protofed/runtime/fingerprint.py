@@ -127,7 +127,7 @@ def states_fault(ckpt: dict, server: Mapping[str, Collection[str]], model: Array
     progress, metrics = ckpt.get("progress"), ckpt.get("metrics")
     if not isinstance(progress, dict) or type(progress.get("server_round")) is not int:
         return "'progress.server_round' is not a round number"
-    if bad := [k for k, v in progress.items() if type(v) not in (int, float)]:
+    if bad := [k for k, v in progress.items() if not isinstance(v, int | float)]:
         return f"'progress.{bad[0]}' is not a number"
     if not (
         isinstance(metrics, dict)
