@@ -367,11 +367,9 @@ def resume(
     from protofed.tracking import log_kinds
 
     logs = log_kinds(log)
-    if RunDir.open(path).complete:  # read only: no lock taken on a finished run
-        return Run(path)
     try:
         loop = resume_loop(path, data_dir)
-    except RunComplete:  # finished by another process meanwhile
+    except RunComplete:  # finished, maybe by another process while this one started
         return Run(path)
     return _drive(loop, loop.run, path, logs, on_round)
 

@@ -226,12 +226,10 @@ def run(
                 )
             from protofed.runs import SUMMARY, RunDir, reading
 
-            existing = RunDir.open(resume_dir)
             try:
-                loop = None if existing.complete else resume(resume_dir, data_dir)
-            except RunComplete:  # another process finished it while this one started
-                loop = None
-            if loop is None:
+                loop = resume(resume_dir, data_dir)
+            except RunComplete:  # finished, maybe by another process while this one started
+                existing = RunDir.open(resume_dir)
                 with reading(existing.path / SUMMARY):
                     summary = existing.read_json(SUMMARY)
                     if summary.get("status") == "diverged":  # over: its state is not finite

@@ -47,14 +47,17 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
     data through either of the first two). The run must be what the checkpoint recorded:
     the same config (execution keys aside), data and protofed version, and metrics.jsonl
     intact up to the checkpoint's round; anything else is a one-line error and nothing is
-    written. The directory is locked for the resumed run.
+    written. The directory is locked for the resumed run. A complete run raises
+    `RunComplete`, also when another process finished it while this one started.
     """
     run = RunDir.open(path)
+    if run.complete:  # finished: read only, no lock taken
+        raise RunComplete(f"{run.path} is complete: nothing to resume")
     # Locked before anything is read: a run that finishes while this one loads its data
     # must not be reopened and its summary rewritten.
     run.lock()
     try:
-        if run.complete:  # finished, maybe by another process while this one started
+        if run.complete:  # finished by another process before the lock was taken
             raise RunComplete(f"{run.path} is complete: nothing to resume")
         engine = run.info().get("engine", "builtin")
         if engine != "builtin":
