@@ -243,16 +243,17 @@ class Pretraining:
             torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
             for epoch in range(1, self.cfg.pretrain.epochs + 1):
                 order = torch.randperm(len(x), generator=generator)
-                total, seen = 0.0, 0
+                # summed on the device in float64 (the same sum as on the host): reading
+                # each step's loss would stall a GPU's queue once per step
+                total = torch.zeros((), dtype=torch.float64, device=self.device)
                 for start in range(0, len(x), bs):
                     batch = x[order[start : start + bs]].to(self.device)
                     loss = self.mae(batch, generator)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer.step()
-                    total += float(loss.detach()) * len(batch)
-                    seen += len(batch)
-                self.losses.append(total / seen)
+                    total += loss.detach().double() * len(batch)
+                self.losses.append(float(total) / len(x))
                 if not math.isfinite(self.losses[-1]):
                     raise ConfigError(
                         f"pretrain diverged in epoch {epoch} (loss {self.losses[-1]}): lower pretrain.lr"
