@@ -21,6 +21,7 @@ from protofed.training.pretrain import (
     is_encoder_key,
     read_checkpoint,
     save_checkpoint,
+    state_path,
 )
 
 runner = CliRunner()
@@ -265,3 +266,57 @@ def test_the_python_pretrain_writes_what_the_command_line_writes(
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     with pytest.raises(ConfigError, match="exists"):
         protofed.pretrain(_config(shared_data), out)
+
+
+def test_an_interrupted_pretraining_resumes_to_the_checkpoint_of_an_uninterrupted_one(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """The state kept after each epoch holds everything that moves (decoder, optimizer
+    moments, random streams): stopped after epoch 1 of 2 and resumed, the checkpoint is the
+    uninterrupted one tensor for tensor, and the state is gone at the end."""
+    import protofed
+
+    cfg = _config(shared_data, "pretrain.epochs=2")
+    whole = protofed.pretrain(cfg, tmp_path / "whole.safetensors")
+    out = tmp_path / "cut.safetensors"
+
+    def stop(epoch: int, loss: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        protofed.pretrain(cfg, out, on_epoch=stop)
+    assert not out.exists() and state_path(out).is_file()
+    with pytest.raises(ConfigError, match="unfinished pre-training: continue it with --resume"):
+        protofed.pretrain(cfg, out)
+    described: list[str] = []
+    protofed.pretrain(cfg, out, resume=True, on_start=described.append)
+    assert described[0].endswith("resuming after epoch 1")
+    (ours, ours_meta), (theirs, theirs_meta) = read_checkpoint(out), read_checkpoint(whole)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert ours_meta["losses"] == theirs_meta["losses"] and len(ours_meta["losses"]) == 2
+    assert not state_path(out).exists()
+    assert protofed.pretrain(cfg, out, resume=True) == out  # complete: nothing to train
+
+
+def test_resume_refuses_other_settings_and_a_bad_state_in_one_line(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    import protofed
+
+    out = tmp_path / "e.safetensors"
+
+    def stop(epoch: int, loss: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        protofed.pretrain(_config(shared_data, "pretrain.epochs=2"), out, on_epoch=stop)
+    args = ["pretrain", CONFIG, *_sets(SMALL), "-s", "pretrain.epochs=2", "--out", str(out)]
+    args += ["--data-dir", str(shared_data), "--resume", "-q"]
+    result = runner.invoke(app, [*args, "-s", "pretrain.lr=0.001"])
+    assert result.exit_code == 2, result.output
+    assert "pretrain.lr was 0.0005, now 0.001" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    state_path(out).write_bytes(b"not safetensors")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "is not a pre-training state" in result.output
+    assert not out.exists()

@@ -327,6 +327,7 @@ def pretrain(
     out: str | Path = "runs/pretrain/encoder.safetensors",
     *,
     overwrite: bool = False,
+    resume: bool = False,
     on_epoch: Callable[[int, float], None] | None = None,
     on_start: Callable[[str], None] | None = None,
     **overrides: Any,
@@ -334,20 +335,37 @@ def pretrain(
     """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
     windows of the HAR sets other than the config's (FedAli 5.4, docs/pretraining.md) and
     write the checkpoint to `out`; start any run from it with `model.init=<out>`.
-    `on_start(description)` gets what will be trained on, `on_epoch(epoch, loss)` follows
-    the training. Nothing is written if it fails or is interrupted."""
-    from protofed.training.pretrain import Pretraining, save_checkpoint
+
+    After every epoch the whole state is kept beside `out` (`state_path(out)`, removed at
+    the end): `resume=True` continues an interrupted pre-training from it, to the same
+    checkpoint an uninterrupted one writes; with no state it starts afresh, and with `out`
+    already written it returns at once. `overwrite=True` starts over. `on_start(description)`
+    gets what will be trained on (not called when nothing is left to train), `on_epoch(epoch,
+    loss)` follows the training. `out` is written only at the end."""
+    from protofed.training.pretrain import Pretraining, save_checkpoint, state_path
 
     cfg = resolve_config(config, **overrides)
     out = Path(out)
+    state = state_path(out)
     check_writable(out)
     if out.exists() and not overwrite:
+        if resume:
+            return out
         raise ConfigError(f"{out} exists (replace it with --force, or overwrite=True)")
+    if state.exists() and not (resume or overwrite):
+        raise ConfigError(
+            f"{state} holds an unfinished pre-training: continue it with --resume "
+            "(resume=True), or start over with --force (overwrite=True)"
+        )
     job = Pretraining.build(cfg)
+    if resume and state.exists():
+        job.restore(state)
     if on_start is not None:
-        on_start(job.describe())
-    job.run(on_epoch)
+        done = f"; resuming after epoch {len(job.losses)}" if job.losses else ""
+        on_start(job.describe() + done)
+    job.run(on_epoch, on_state=lambda tensors: save_checkpoint(state, tensors))
     save_checkpoint(out, job.checkpoint())
+    state.unlink(missing_ok=True)
     return out
 
 

@@ -292,7 +292,17 @@ def pretrain(
         "runs/pretrain/encoder.safetensors"
     ),
     data_dir: DataDir = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite an existing --out; start over.")
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue an interrupted pre-training from the state kept beside --out "
+            "after every epoch (OUT.state.safetensors); start afresh if there is none.",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled
@@ -307,20 +317,36 @@ def pretrain(
             terminate_as_interrupt(),
         ):
             task = bar.add_task("pretrain", total=cfg.pretrain.epochs, status="")
+            epochs: list[int] = []  # those done here
+            started: list[str] = []
 
             def on_start(description: str) -> None:
+                started.append(description)
                 err_console.print(description, highlight=False, soft_wrap=True)
 
             def on_epoch(epoch: int, loss: float) -> None:
+                epochs.append(epoch)
                 bar.update(task, completed=epoch, status=f"loss {loss:.4f}")
                 if not show and not quiet:
                     print(f"epoch {epoch}/{cfg.pretrain.epochs} loss {loss:.4f}", file=sys.stderr)
 
             try:
-                run_pretraining(cfg, out, overwrite=force, on_epoch=on_epoch, on_start=on_start)
+                run_pretraining(
+                    cfg, out, overwrite=force, resume=resume, on_epoch=on_epoch, on_start=on_start
+                )
             except KeyboardInterrupt:
-                err_console.print("interrupted: nothing written", highlight=False)
+                from protofed.training.pretrain import state_path
+
+                if epochs:
+                    kept = f"the state after epoch {epochs[-1]} is kept: continue with --resume"
+                elif state_path(out).exists():
+                    kept = "the kept state is unchanged: continue with --resume"
+                else:
+                    kept = "nothing written"
+                err_console.print(f"interrupted: {kept}", highlight=False)
                 raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    if not started:
+        console.print(f"{out} is already complete.", highlight=False)
     console.print(
         f"checkpoint: {out}; start a run from it with -s model.init={out}",
         highlight=False,

@@ -191,6 +191,8 @@ class Pretraining:
     optimizer: torch.optim.Optimizer
     device: torch.device
     losses: list[float] = field(default_factory=list)
+    batches: torch.Generator | None = None  # batch order and masks; None: not started
+    streams: dict[str, torch.Tensor] = field(default_factory=dict)  # RNG states to resume
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Pretraining:
@@ -233,22 +235,33 @@ class Pretraining:
             f"{self.mae.num_mask} of {self.mae.num_tokens} tokens masked"
         ) + "".join(f"; {n}" for n in self.pool.notes)
 
-    def run(self, on_epoch: Callable[[int, float], None] | None = None) -> list[float]:
-        """All epochs; `on_epoch(epoch, mean loss)` after each. Seeded: batches and masks
-        come from the PRETRAIN stream, so a config gives the same checkpoint every time."""
+    def run(
+        self,
+        on_epoch: Callable[[int, float], None] | None = None,
+        on_state: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    ) -> list[float]:
+        """The epochs not yet done; after each, `on_state(self.state())` (to keep it), then
+        `on_epoch(epoch, mean loss)`. Seeded: batches and masks come from the PRETRAIN
+        stream, so a config gives the same checkpoint every time, resumed or not."""
         x, bs = self.pool.x, self.cfg.pretrain.batch_size
-        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 3))
+        if self.batches is None:
+            self.batches = torch.Generator().manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 3))
         self.mae.train()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
-            for epoch in range(1, self.cfg.pretrain.epochs + 1):
-                order = torch.randperm(len(x), generator=generator)
+            if not self.streams:
+                torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
+            else:
+                torch.set_rng_state(self.streams["cpu"])
+                if "cuda" in self.streams and self.device.type == "cuda":
+                    torch.cuda.set_rng_state(self.streams["cuda"], self.device)
+            for epoch in range(len(self.losses) + 1, self.cfg.pretrain.epochs + 1):
+                order = torch.randperm(len(x), generator=self.batches)
                 # summed on the device in float64 (the same sum as on the host): reading
                 # each step's loss would stall a GPU's queue once per step
                 total = torch.zeros((), dtype=torch.float64, device=self.device)
                 for start in range(0, len(x), bs):
                     batch = x[order[start : start + bs]].to(self.device)
-                    loss = self.mae(batch, generator)
+                    loss = self.mae(batch, self.batches)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer.step()
@@ -258,9 +271,69 @@ class Pretraining:
                     raise ConfigError(
                         f"pretrain diverged in epoch {epoch} (loss {self.losses[-1]}): lower pretrain.lr"
                     )
+                if on_state is not None:
+                    on_state(self.state())
                 if on_epoch is not None:
                     on_epoch(epoch, self.losses[-1])
         return self.losses
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """What continues this pre-training as if it had not stopped (`restore`): the MAE's
+        weights and buffers (encoder, ALP banks, decoder), the optimizer's moments, the
+        random streams and the losses. Taken between epochs, inside `run`."""
+        tensors = {
+            f"mae.{k}": v.detach().cpu().contiguous() for k, v in self.mae.state_dict().items()
+        }
+        for index, moments in self.optimizer.state_dict()["state"].items():
+            for name, value in moments.items():
+                tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).cpu().contiguous()
+        assert self.batches is not None, "state() is taken between epochs"
+        tensors["rng.batches"] = self.batches.get_state()
+        tensors["rng.cpu"] = torch.get_rng_state()
+        if self.device.type == "cuda":
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
+        meta = {"format": STATE_FORMAT, "settings": _settings(self.cfg), "losses": self.losses}
+        tensors[META] = _json_tensor(meta)
+        return tensors
+
+    def restore(self, path: Path) -> None:
+        """Continue from a `state` file; the config must be the one it was saved with (the
+        device, threads, data folder and the number of epochs may change)."""
+        tensors, meta = _read_state(path)
+        saved, now = meta.get("settings"), _settings(self.cfg)
+        if saved != now:
+            key = _first_difference(saved if isinstance(saved, dict) else {}, now)
+            raise ConfigError(
+                f"pretrain --resume: {path} was saved with other settings ({key}); resume "
+                "with the config it was started with, or start over with --force"
+            )
+        losses = meta.get("losses")
+        if not isinstance(losses, list) or len(losses) >= self.cfg.pretrain.epochs:
+            raise ConfigError(
+                f"pretrain --resume: {path} holds {len(losses or [])} epochs, "
+                f"pretrain.epochs is {self.cfg.pretrain.epochs}"
+            )
+        try:
+            self.mae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("mae.")})
+            moments: dict[int, dict[str, torch.Tensor]] = {}
+            for key, value in tensors.items():
+                if key.startswith("optimizer."):
+                    _, index, name = key.split(".", 2)
+                    moments.setdefault(int(index), {})[name] = value
+            optimizer = self.optimizer.state_dict()
+            optimizer["state"] = moments
+            self.optimizer.load_state_dict(optimizer)
+            self.batches = torch.Generator()
+            self.batches.set_state(tensors["rng.batches"])
+            self.streams = {"cpu": tensors["rng.cpu"]}
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ConfigError(
+                f"pretrain --resume: {path} does not fit this model ({type(exc).__name__}); "
+                "start over with --force"
+            ) from None
+        if "rng.cuda" in tensors:
+            self.streams["cuda"] = tensors["rng.cuda"]
+        self.losses = [float(v) for v in losses]
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, seed: int = 0) -> float:
@@ -291,8 +364,61 @@ class Pretraining:
             "losses": self.losses,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        tensors[META] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+        tensors[META] = _json_tensor(meta)
         return tensors
+
+
+def _json_tensor(meta: dict[str, Any]) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+
+
+# ------------------------------------------------------------------ resumable state files
+STATE_FORMAT = "protofed-pretrain-state-1"
+MACHINE_KEYS = (("train", "device"), ("train", "threads"), ("train", "workers"), ("data", "dir"))
+"""Settings a resumed pre-training may change: where and how fast it runs, not what it
+computes; `pretrain.epochs` may change too (to go on for longer)."""
+
+
+def state_path(out: str | Path) -> Path:
+    """Where a pre-training that writes `out` keeps its state between epochs."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.state{out.suffix}")
+
+
+def _settings(cfg: ExperimentConfig) -> dict[str, Any]:
+    raw = cfg.model_dump(mode="json")
+    for section, key in MACHINE_KEYS:
+        raw.get(section, {}).pop(key, None)
+    raw["pretrain"].pop("epochs", None)
+    return raw
+
+
+def _first_difference(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a != b:
+                return _first_difference(a, b, f"{prefix}{key}.")
+        elif a != b:
+            return f"{prefix}{key} was {a!r}, now {b!r}"
+    return "unknown"
+
+
+def _read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    try:
+        tensors = safetensors.torch.load(path.read_bytes())
+        meta = json.loads(bytes(tensors.pop(META).tolist()).decode())
+    except Exception as exc:
+        raise ConfigError(
+            f"pretrain --resume: {path} is not a pre-training state ({type(exc).__name__}); "
+            "start over with --force"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise ConfigError(
+            f"pretrain --resume: {path} is not a pre-training state this version writes; "
+            "start over with --force"
+        )
+    return tensors, meta
 
 
 # --------------------------------------------------------------------- checkpoint files
