@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from typer.testing import CliRunner
 
@@ -268,34 +269,61 @@ def test_the_python_pretrain_writes_what_the_command_line_writes(
         protofed.pretrain(_config(shared_data), out)
 
 
+def _stop_after(last: int):
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch == last:
+            raise KeyboardInterrupt
+
+    return on_epoch
+
+
+def _same(a: Path, b: Path) -> bool:
+    (ours, ours_meta), (theirs, theirs_meta) = read_checkpoint(a), read_checkpoint(b)
+    return (
+        ours.keys() == theirs.keys()
+        and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        and ours_meta["losses"] == theirs_meta["losses"]
+    )
+
+
 def test_an_interrupted_pretraining_resumes_to_the_checkpoint_of_an_uninterrupted_one(
     shared_data: Path, tmp_path: Path
 ) -> None:
     """The state kept after each epoch holds everything that moves (decoder, optimizer
-    moments, random streams): stopped after epoch 1 of 2 and resumed, the checkpoint is the
-    uninterrupted one tensor for tensor, and the state is gone at the end."""
+    moments, random streams): stopped after epoch 1 or 2 of 2 and resumed, the checkpoint
+    is the uninterrupted one tensor for tensor, and the state is gone at the end."""
     import protofed
 
     cfg = _config(shared_data, "pretrain.epochs=2")
     whole = protofed.pretrain(cfg, tmp_path / "whole.safetensors")
-    out = tmp_path / "cut.safetensors"
-
-    def stop(epoch: int, loss: float) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        protofed.pretrain(cfg, out, on_epoch=stop)
-    assert not out.exists() and state_path(out).is_file()
-    with pytest.raises(ConfigError, match="unfinished pre-training: continue it with --resume"):
-        protofed.pretrain(cfg, out)
     described: list[str] = []
-    protofed.pretrain(cfg, out, resume=True, on_start=described.append)
-    assert described[0].endswith("resuming after epoch 1")
-    (ours, ours_meta), (theirs, theirs_meta) = read_checkpoint(out), read_checkpoint(whole)
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert ours_meta["losses"] == theirs_meta["losses"] and len(ours_meta["losses"]) == 2
-    assert not state_path(out).exists()
-    assert protofed.pretrain(cfg, out, resume=True) == out  # complete: nothing to train
+    epochs: list[int] = []
+    for last in (1, 2):  # 2: stopped after the last epoch's state, before the checkpoint
+        out = tmp_path / f"cut{last}.safetensors"
+        with pytest.raises(KeyboardInterrupt):
+            protofed.pretrain(cfg, out, on_epoch=_stop_after(last))
+        assert not out.exists() and state_path(out).is_file()
+        with pytest.raises(ConfigError, match="unfinished pre-training: continue it with --resume"):
+            protofed.pretrain(cfg, out)
+        described.clear()
+        epochs.clear()
+        protofed.pretrain(
+            cfg, out, resume=True, on_start=described.append, on_epoch=lambda e, _: epochs.append(e)
+        )
+        assert described[0].endswith(f"resuming after epoch {last}") and epochs == [2][: 2 - last]
+        assert _same(out, whole) and not state_path(out).exists()
+    # complete: nothing to train, unless the settings differ
+    assert protofed.pretrain(cfg, out, resume=True, on_start=described.append) == out
+    assert len(described) == 1
+    with pytest.raises(ConfigError, match="pretrain.epochs was 2, now 3; choose|made with other"):
+        protofed.pretrain(_config(shared_data, "pretrain.epochs=3"), out, resume=True)
+    # --force starts over, even from a kept state
+    with pytest.raises(KeyboardInterrupt):
+        protofed.pretrain(cfg, out, overwrite=True, on_epoch=_stop_after(1))
+    with pytest.raises(ConfigError, match="--force starts over and --resume continues"):
+        protofed.pretrain(cfg, out, overwrite=True, resume=True)
+    protofed.pretrain(cfg, out, overwrite=True)
+    assert _same(out, whole) and not state_path(out).exists()
 
 
 def test_resume_refuses_other_settings_and_a_bad_state_in_one_line(
@@ -304,19 +332,30 @@ def test_resume_refuses_other_settings_and_a_bad_state_in_one_line(
     import protofed
 
     out = tmp_path / "e.safetensors"
-
-    def stop(epoch: int, loss: float) -> None:
-        raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        protofed.pretrain(_config(shared_data, "pretrain.epochs=2"), out, on_epoch=stop)
+        protofed.pretrain(_config(shared_data, "pretrain.epochs=2"), out, on_epoch=_stop_after(1))
     args = ["pretrain", CONFIG, *_sets(SMALL), "-s", "pretrain.epochs=2", "--out", str(out)]
     args += ["--data-dir", str(shared_data), "--resume", "-q"]
-    result = runner.invoke(app, [*args, "-s", "pretrain.lr=0.001"])
-    assert result.exit_code == 2, result.output
-    assert "pretrain.lr was 0.0005, now 0.001" in result.output
-    assert len(result.output.strip().splitlines()) == 1
-    state_path(out).write_bytes(b"not safetensors")
+    for extra, expected in (
+        (["-s", "pretrain.lr=0.001"], "pretrain.lr was 0.0005, now 0.001"),
+        (["-s", "pretrain.max_windows=90"], "pretrain.max_windows was 100, now 90"),
+    ):
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 2, result.output
+        assert expected in result.output and len(result.output.strip().splitlines()) == 1
+    # an edited state: a moment taken out
+    original = safetensors.torch.load_file(state_path(out))
+    tensors = dict(original)
+    del tensors[next(k for k in tensors if k.endswith(".exp_avg_sq"))]
+    safetensors.torch.save_file(tensors, state_path(out))
     result = runner.invoke(app, args)
-    assert result.exit_code == 2 and "is not a pre-training state" in result.output
+    assert result.exit_code == 2 and "optimizer's moments of parameter" in result.output
+    safetensors.torch.save_file(original, state_path(out))
+    # where and how fast it runs may change: train.* is not what it computes
+    assert runner.invoke(app, [*args, "-s", "train.rounds=7"]).exit_code == 0
+    state_path(out).write_bytes(b"not safetensors")
+    out.unlink()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert f"{state_path(out)} is not a protofed pretrain checkpoint" in result.output
     assert not out.exists()

@@ -339,27 +339,41 @@ def pretrain(
     After every epoch the whole state is kept beside `out` (`state_path(out)`, removed at
     the end): `resume=True` continues an interrupted pre-training from it, to the same
     checkpoint an uninterrupted one writes; with no state it starts afresh, and with `out`
-    already written it returns at once. `overwrite=True` starts over. `on_start(description)`
-    gets what will be trained on (not called when nothing is left to train), `on_epoch(epoch,
-    loss)` follows the training. `out` is written only at the end."""
-    from protofed.training.pretrain import Pretraining, save_checkpoint, state_path
+    already written by the same settings it returns at once. `overwrite=True` starts over.
+    `on_start(description)` gets what will be trained on (not called when `out` is already
+    complete), `on_epoch(epoch, loss)` follows the training. `out` is written at the end."""
+    from protofed.training.pretrain import (
+        Pretraining,
+        check_complete,
+        read_state,
+        save_checkpoint,
+        state_path,
+    )
 
     cfg = resolve_config(config, **overrides)
     out = Path(out)
     state = state_path(out)
+    if overwrite and resume:
+        raise ConfigError("--force starts over and --resume continues: choose one")
     check_writable(out)
+    check_writable(state)
     if out.exists() and not overwrite:
-        if resume:
-            return out
-        raise ConfigError(f"{out} exists (replace it with --force, or overwrite=True)")
+        if not resume:
+            raise ConfigError(f"{out} exists (replace it with --force, or overwrite=True)")
+        check_complete(out, cfg)
+        state.unlink(missing_ok=True)  # left by a kill between writing `out` and removing it
+        return out
     if state.exists() and not (resume or overwrite):
         raise ConfigError(
             f"{state} holds an unfinished pre-training: continue it with --resume "
             "(resume=True), or start over with --force (overwrite=True)"
         )
+    kept = read_state(state, cfg) if resume and state.exists() else None
     job = Pretraining.build(cfg)
-    if resume and state.exists():
-        job.restore(state)
+    if kept is not None:
+        job.restore(state, *kept)
+    elif overwrite:
+        state.unlink(missing_ok=True)
     if on_start is not None:
         done = f"; resuming after epoch {len(job.losses)}" if job.losses else ""
         on_start(job.describe() + done)

@@ -34,6 +34,8 @@ from versions that fell back to `torch.save` still load, with `torch.load(weight
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import math
@@ -191,8 +193,8 @@ class Pretraining:
     optimizer: torch.optim.Optimizer
     device: torch.device
     losses: list[float] = field(default_factory=list)
-    batches: torch.Generator | None = None  # batch order and masks; None: not started
-    streams: dict[str, torch.Tensor] = field(default_factory=dict)  # RNG states to resume
+    generator: torch.Generator | None = None  # batch order and masks; None until `run`
+    rng_states: dict[str, torch.Tensor] = field(default_factory=dict)  # drop path's, per epoch
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Pretraining:
@@ -244,24 +246,23 @@ class Pretraining:
         `on_epoch(epoch, mean loss)`. Seeded: batches and masks come from the PRETRAIN
         stream, so a config gives the same checkpoint every time, resumed or not."""
         x, bs = self.pool.x, self.cfg.pretrain.batch_size
-        if self.batches is None:
-            self.batches = torch.Generator().manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 3))
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 3))
         self.mae.train()
         with torch.random.fork_rng(devices=[]):
-            if not self.streams:
-                torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
-            else:
-                torch.set_rng_state(self.streams["cpu"])
-                if "cuda" in self.streams and self.device.type == "cuda":
-                    torch.cuda.set_rng_state(self.streams["cuda"], self.device)
+            torch.manual_seed(derive_seed(self.cfg.seed, PRETRAIN, 4))  # drop path
+            if "cpu" in self.rng_states:  # resumed: where the kept state left them
+                torch.set_rng_state(self.rng_states["cpu"])
+            if "cuda" in self.rng_states and self.device.type == "cuda":
+                torch.cuda.set_rng_state(self.rng_states["cuda"], self.device)
             for epoch in range(len(self.losses) + 1, self.cfg.pretrain.epochs + 1):
-                order = torch.randperm(len(x), generator=self.batches)
+                order = torch.randperm(len(x), generator=self.generator)
                 # summed on the device in float64 (the same sum as on the host): reading
                 # each step's loss would stall a GPU's queue once per step
                 total = torch.zeros((), dtype=torch.float64, device=self.device)
                 for start in range(0, len(x), bs):
                     batch = x[order[start : start + bs]].to(self.device)
-                    loss = self.mae(batch, self.batches)
+                    loss = self.mae(batch, self.generator)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer.step()
@@ -269,71 +270,95 @@ class Pretraining:
                 self.losses.append(float(total) / len(x))
                 if not math.isfinite(self.losses[-1]):
                     raise ConfigError(
-                        f"pretrain diverged in epoch {epoch} (loss {self.losses[-1]}): lower pretrain.lr"
+                        f"pretrain diverged in epoch {epoch} (loss {self.losses[-1]}): start "
+                        "over with a lower pretrain.lr (and --force)"
                     )
+                self.rng_states = {"cpu": torch.get_rng_state()}
+                if self.device.type == "cuda":
+                    self.rng_states["cuda"] = torch.cuda.get_rng_state(self.device)
                 if on_state is not None:
                     on_state(self.state())
                 if on_epoch is not None:
                     on_epoch(epoch, self.losses[-1])
         return self.losses
 
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """The pooled windows' SHA-256: a resumed pre-training must see the same data."""
+        return hashlib.sha256(self.pool.x.numpy().tobytes()).hexdigest()
+
     def state(self) -> dict[str, torch.Tensor]:
-        """What continues this pre-training as if it had not stopped (`restore`): the MAE's
-        weights and buffers (encoder, ALP banks, decoder), the optimizer's moments, the
-        random streams and the losses. Taken between epochs, inside `run`."""
+        """What continues this pre-training (`restore`) from the end of its last epoch:
+        the MAE's weights and buffers (encoder, ALP banks, decoder), the optimizer's
+        moments, the random streams, the losses."""
+        if self.generator is None or not self.rng_states:
+            raise RuntimeError("a pre-training's state is taken after one of its epochs")
         tensors = {
             f"mae.{k}": v.detach().cpu().contiguous() for k, v in self.mae.state_dict().items()
         }
         for index, moments in self.optimizer.state_dict()["state"].items():
             for name, value in moments.items():
                 tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).cpu().contiguous()
-        assert self.batches is not None, "state() is taken between epochs"
-        tensors["rng.batches"] = self.batches.get_state()
-        tensors["rng.cpu"] = torch.get_rng_state()
-        if self.device.type == "cuda":
-            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
-        meta = {"format": STATE_FORMAT, "settings": _settings(self.cfg), "losses": self.losses}
+        tensors["rng.generator"] = self.generator.get_state()
+        tensors.update({f"rng.{k}": v for k, v in self.rng_states.items()})
+        meta = {
+            "format": STATE_FORMAT,
+            "settings": settings(self.cfg),
+            "data": self.data_digest,
+            "losses": self.losses,
+        }
         tensors[META] = _json_tensor(meta)
         return tensors
 
-    def restore(self, path: Path) -> None:
-        """Continue from a `state` file; the config must be the one it was saved with (the
-        device, threads, data folder and the number of epochs may change)."""
-        tensors, meta = _read_state(path)
-        saved, now = meta.get("settings"), _settings(self.cfg)
-        if saved != now:
-            key = _first_difference(saved if isinstance(saved, dict) else {}, now)
-            raise ConfigError(
-                f"pretrain --resume: {path} was saved with other settings ({key}); resume "
-                "with the config it was started with, or start over with --force"
-            )
-        losses = meta.get("losses")
-        if not isinstance(losses, list) or len(losses) >= self.cfg.pretrain.epochs:
-            raise ConfigError(
-                f"pretrain --resume: {path} holds {len(losses or [])} epochs, "
-                f"pretrain.epochs is {self.cfg.pretrain.epochs}"
-            )
-        try:
-            self.mae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("mae.")})
-            moments: dict[int, dict[str, torch.Tensor]] = {}
-            for key, value in tensors.items():
-                if key.startswith("optimizer."):
-                    _, index, name = key.split(".", 2)
-                    moments.setdefault(int(index), {})[name] = value
-            optimizer = self.optimizer.state_dict()
-            optimizer["state"] = moments
-            self.optimizer.load_state_dict(optimizer)
-            self.batches = torch.Generator()
-            self.batches.set_state(tensors["rng.batches"])
-            self.streams = {"cpu": tensors["rng.cpu"]}
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise ConfigError(
-                f"pretrain --resume: {path} does not fit this model ({type(exc).__name__}); "
-                "start over with --force"
-            ) from None
-        if "rng.cuda" in tensors:
-            self.streams["cuda"] = tensors["rng.cuda"]
-        self.losses = [float(v) for v in losses]
+    def restore(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Continue from a state `read_state` checked against the config."""
+        where = f"pretrain --resume: {path}"
+        if meta.get("data") != self.data_digest:
+            raise ConfigError(f"{where} was saved on other windows (data or pretrain.datasets)")
+        saved = {k.removeprefix("mae."): v for k, v in tensors.items() if k.startswith("mae.")}
+        moments: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                index, _, name = key.removeprefix("optimizer.").partition(".")
+                moments.setdefault(int(index) if index.isdigit() else -1, {})[name] = value
+        fault = self._state_fault(tensors, saved, moments)
+        if fault:
+            raise ConfigError(f"{where} does not fit this model ({fault}); start over with --force")
+        self.mae.load_state_dict(saved)
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = moments
+        self.optimizer.load_state_dict(optimizer)
+        self.generator = torch.Generator()
+        self.generator.set_state(tensors["rng.generator"])
+        self.rng_states = {k: tensors[f"rng.{k}"] for k in ("cpu", "cuda") if f"rng.{k}" in tensors}
+        self.losses = list(meta["losses"])
+
+    def _state_fault(
+        self,
+        tensors: dict[str, torch.Tensor],
+        saved: dict[str, torch.Tensor],
+        moments: dict[int, dict[str, torch.Tensor]],
+    ) -> str | None:
+        """The first tensor of a kept state that this pre-training cannot continue from."""
+        own = self.mae.state_dict()
+        params = list(self.mae.parameters())
+        names = ("momentum_buffer",) if self.cfg.pretrain.optimizer == "sgd" else ADAM_MOMENTS
+        for key in [f"rng.{k}" for k in ("generator", "cpu")] + [f"mae.{k}" for k in own]:
+            if key not in tensors:
+                return f"no tensor '{key}'"
+        extra = sorted(set(saved) - set(own))
+        if extra:
+            return f"'mae.{extra[0]}', which it lacks"
+        for key, value in own.items():
+            if saved[key].shape != value.shape:
+                return f"'mae.{key}' is {tuple(saved[key].shape)}, not {tuple(value.shape)}"
+        for index, have in sorted(moments.items()):  # a parameter never updated has none
+            if not 0 <= index < len(params) or set(have) != set(names):
+                return f"the optimizer's moments of parameter {index} ({', '.join(sorted(have))})"
+            for name, value in have.items():
+                if name != "step" and value.shape != params[index].shape:
+                    return f"'optimizer.{index}.{name}' is {tuple(value.shape)}"
+        return None
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, seed: int = 0) -> float:
@@ -361,6 +386,7 @@ class Pretraining:
             "alp": self.cfg.model.alp.enabled,
             "pretrain": self.cfg.pretrain.model_dump(mode="json"),
             "seed": self.cfg.seed,
+            "settings": settings(self.cfg),
             "losses": self.losses,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -374,9 +400,7 @@ def _json_tensor(meta: dict[str, Any]) -> torch.Tensor:
 
 # ------------------------------------------------------------------ resumable state files
 STATE_FORMAT = "protofed-pretrain-state-1"
-MACHINE_KEYS = (("train", "device"), ("train", "threads"), ("train", "workers"), ("data", "dir"))
-"""Settings a resumed pre-training may change: where and how fast it runs, not what it
-computes; `pretrain.epochs` may change too (to go on for longer)."""
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "step")  # Adam's and AdamW's, amsgrad off
 
 
 def state_path(out: str | Path) -> Path:
@@ -385,40 +409,70 @@ def state_path(out: str | Path) -> Path:
     return out.with_name(f"{out.stem}.state{out.suffix}")
 
 
-def _settings(cfg: ExperimentConfig) -> dict[str, Any]:
-    raw = cfg.model_dump(mode="json")
-    for section, key in MACHINE_KEYS:
-        raw.get(section, {}).pop(key, None)
-    raw["pretrain"].pop("epochs", None)
-    return raw
+def settings(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What a pre-training computes from: the seed, the data, the model and `pretrain.*`,
+    except where the data lie and how many epochs (a resumed one may go on for longer);
+    `train.*` (device, threads) says where it runs, not what it computes."""
+    return {
+        "seed": cfg.seed,
+        "data": cfg.data.model_dump(mode="json", exclude={"dir"}),
+        "model": cfg.model.model_dump(mode="json"),
+        "pretrain": cfg.pretrain.model_dump(mode="json", exclude={"epochs"}),
+    }
 
 
-def _first_difference(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+def settings_difference(saved: Any, now: dict[str, Any], prefix: str = "") -> str | None:
+    """The first key whose value differs, as `key was A, now B`; None if none does."""
+    if not isinstance(saved, dict):
+        return f"{prefix.rstrip('.') or 'settings'} unknown"
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            if a != b:
-                return _first_difference(a, b, f"{prefix}{key}.")
+            found = settings_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
         elif a != b:
             return f"{prefix}{key} was {a!r}, now {b!r}"
-    return "unknown"
+    return None
 
 
-def _read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    try:
-        tensors = safetensors.torch.load(path.read_bytes())
-        meta = json.loads(bytes(tensors.pop(META).tolist()).decode())
-    except Exception as exc:
+def read_state(path: Path, cfg: ExperimentConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A kept state, checked against `cfg` before any data are loaded."""
+    tensors, meta = _read_tensors(path, "pretrain --resume")
+    where = f"pretrain --resume: {path}"
+    if meta.get("format") != STATE_FORMAT:
+        raise ConfigError(f"{where} is not a pre-training state; start over with --force")
+    differs = settings_difference(meta.get("settings"), settings(cfg))
+    if differs:
         raise ConfigError(
-            f"pretrain --resume: {path} is not a pre-training state ({type(exc).__name__}); "
-            "start over with --force"
-        ) from None
-    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+            f"{where} was saved with other settings ({differs}); resume with the config it "
+            "was started with, or start over with --force"
+        )
+    losses = meta.get("losses")
+    if not isinstance(losses, list) or not all(
+        isinstance(v, float) and math.isfinite(v) for v in losses
+    ):
+        raise ConfigError(f"{where} has no list of epoch losses; start over with --force")
+    if len(losses) > cfg.pretrain.epochs:
         raise ConfigError(
-            f"pretrain --resume: {path} is not a pre-training state this version writes; "
-            "start over with --force"
+            f"{where} holds {len(losses)} epochs, more than pretrain.epochs="
+            f"{cfg.pretrain.epochs}: raise it, or start over with --force"
         )
     return tensors, meta
+
+
+def check_complete(out: Path, cfg: ExperimentConfig) -> None:
+    """`out`, already written, is what `cfg` would write (else a one-line error)."""
+    meta = _read_tensors(out, "pretrain --resume")[1]
+    differs = settings_difference(meta.get("settings"), settings(cfg))
+    done = len(meta.get("losses") or [])
+    if differs is None and done != cfg.pretrain.epochs:
+        differs = f"pretrain.epochs was {done}, now {cfg.pretrain.epochs}"
+    if differs:
+        raise ConfigError(
+            f"pretrain --resume: {out} exists, made with other settings ({differs}): choose "
+            "another --out, or replace it with --force"
+        )
 
 
 # --------------------------------------------------------------------- checkpoint files
@@ -429,10 +483,15 @@ def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The tensors and the metadata of a `protofed pretrain` checkpoint; one-line errors."""
-    path = Path(path)
+    return _read_tensors(Path(path), "model.init")
+
+
+def _read_tensors(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A checkpoint or state file's tensors and JSON metadata; one-line errors that start
+    with `key`, the setting or option that named the file."""
     if not path.is_file():
         what = "a folder, not a checkpoint file" if path.is_dir() else "file not found"
-        raise ConfigError(f"model.init: {what}: {path}")
+        raise ConfigError(f"{key}: {what}: {path}")
     data = path.read_bytes()
     try:
         if data[:2] == b"PK":  # torch.save's zip format
@@ -441,22 +500,22 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
             tensors = safetensors.torch.load(data)
     except Exception as exc:
         raise ConfigError(
-            f"model.init: {path} is not a protofed pretrain checkpoint ({type(exc).__name__})"
+            f"{key}: {path} is not a protofed pretrain checkpoint ({type(exc).__name__})"
         ) from None
     if not isinstance(tensors, dict) or not all(
         isinstance(v, torch.Tensor) for v in tensors.values()
     ):
-        raise ConfigError(f"model.init: {path} is not a dict of tensors")
+        raise ConfigError(f"{key}: {path} is not a dict of tensors")
     meta_bytes = tensors.pop(META, None)
     try:
         meta = {} if meta_bytes is None else json.loads(bytes(meta_bytes.tolist()).decode())
     except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ConfigError(
-            f"model.init: {path}: its '{META}' tensor is not the JSON protofed writes "
+            f"{key}: {path}: its '{META}' tensor is not the JSON protofed writes "
             f"({type(exc).__name__})"
         ) from None
     if not isinstance(meta, dict):
-        raise ConfigError(f"model.init: {path}: its '{META}' tensor is not a JSON object")
+        raise ConfigError(f"{key}: {path}: its '{META}' tensor is not a JSON object")
     return tensors, meta
 
 
