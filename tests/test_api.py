@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +225,19 @@ def test_a_hook_returning_the_wrong_thing_is_named(tmp_path, case) -> None:
     prepared.algorithm = Bad(prepared.algorithm.params, prepared.algorithm.setting)
     with pytest.raises(TypeError, match=re.escape(fit_error or aggregate_error)):
         simulate(prepared, RunDir.create(tmp_path / "r", {}, {}, "")).run()
+
+
+def test_a_gpu_runs_models_load_where_there_is_no_gpu(ditto_run, tmp_path) -> None:
+    """A run made with train.device=cuda: its models load on the CPU of a machine without
+    a GPU (analysis on a laptop), weight for weight."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    copy = tmp_path / "gpu_run"
+    shutil.copytree(ditto_run.path, copy)
+    config = copy / "config.yaml"
+    assert "  device: cpu\n" in config.read_text()
+    config.write_text(config.read_text().replace("  device: cpu\n", "  device: cuda\n"))
+    run = protofed.load_run(copy)
+    assert run.config.train.device == "cuda" and run.device.type == "cpu"
+    ours, theirs = run.client_model(0).state_dict(), ditto_run.client_model(0).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

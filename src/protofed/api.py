@@ -198,26 +198,36 @@ class Run:
         return pd.DataFrame(rows)
 
     # models ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where its models load: the run's `train.device` where this machine has it, else
+        the CPU (a GPU run's models read where there is no GPU)."""
+        import torch
+
+        from protofed.runtime.prepare import resolve_device
+
+        name = self.config.train.device
+        if name.startswith("cuda") and not torch.cuda.is_available():
+            return torch.device("cpu")
+        return resolve_device(name)
+
     def _model_and_algorithm(self) -> tuple[FedModel, Algorithm]:
         """The model and algorithm as the run built them, from its partition header (no data
         is loaded)."""
         if self._built is None:
             from protofed.runtime import build_model_and_algorithm
-            from protofed.runtime.prepare import resolve_device
 
             cfg = self.config
             part = self.dir.read_json(PARTITION)
             with reading(self.path / PARTITION):
                 shape = tuple(int(n) for n in part["input_shape"])
                 classes, clients = int(part["num_classes"]), int(part["num_clients"])
-            self._built = build_model_and_algorithm(
-                cfg, shape, classes, clients, resolve_device(cfg.train.device)
-            )
+            self._built = build_model_and_algorithm(cfg, shape, classes, clients, self.device)
         return self._built
 
     def _state(self) -> dict:
         if self._checkpoint is None:
-            ckpt = self.dir.load_checkpoint(map_location=self.config.train.device)
+            ckpt = self.dir.load_checkpoint(map_location=self.device)
             if ckpt is None:
                 raise ConfigError(
                     f"{self.path} has no {CHECKPOINT}: models can be loaded only from runs "

@@ -266,7 +266,7 @@ class RunDir:
     def save_checkpoint(self, state: dict) -> None:
         atomic_write(self.path / CHECKPOINT, lambda handle: torch.save(state, handle))
 
-    def load_checkpoint(self, map_location: str | None = None) -> dict | None:
+    def load_checkpoint(self, map_location: str | torch.device | None = None) -> dict | None:
         """The checkpoint, or None; an unreadable or foreign file is a one-line error."""
         path = self.path / CHECKPOINT
         if not path.exists():
