@@ -29,7 +29,9 @@ The checkpoint is a flat dict of tensors named as in the model's state_dict (enc
 weights and every ALP layer's local bank, no global banks, no beta/gamma), plus `__meta__`
 (JSON as uint8), written with safetensors (nothing in it is code to unpickle). Checkpoints
 from versions that fell back to `torch.save` still load, with `torch.load(weights_only=True)`.
-`load_init` reads it into a model (`model.init`).
+`load_init` reads it into a model (`model.init`). After every epoch the whole state (the
+decoder, the optimizer's moments and the random streams too) is kept beside the checkpoint
+(`state_path`), so an interrupted pre-training continues (`--resume`) to the same checkpoint.
 """
 
 from __future__ import annotations
@@ -346,6 +348,11 @@ class Pretraining:
         for key in [f"rng.{k}" for k in ("generator", "cpu")] + [f"mae.{k}" for k in own]:
             if key not in tensors:
                 return f"no tensor '{key}'"
+        random_state = torch.Generator().get_state()  # the CPU's Mersenne Twister
+        for key in ("rng.generator", "rng.cpu"):
+            value = tensors[key]
+            if value.dtype != random_state.dtype or value.shape != random_state.shape:
+                return f"'{key}' is not a random generator's state"
         extra = sorted(set(saved) - set(own))
         if extra:
             return f"'mae.{extra[0]}', which it lacks"
