@@ -471,6 +471,11 @@ def read_state(path: Path, cfg: ExperimentConfig) -> tuple[dict[str, torch.Tenso
 def check_complete(out: Path, cfg: ExperimentConfig) -> None:
     """`out`, already written, is what `cfg` would write (else a one-line error)."""
     meta = _read_tensors(out, "pretrain --resume")[1]
+    if not isinstance(meta.get("settings"), dict):
+        raise ConfigError(
+            f"pretrain --resume: {out} exists and records no settings to compare (an older "
+            "protofed made it): choose another --out, or replace it with --force"
+        )
     differs = settings_difference(meta.get("settings"), settings(cfg))
     done = len(meta.get("losses") or [])
     if differs is None and done != cfg.pretrain.epochs:
