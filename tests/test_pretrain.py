@@ -310,12 +310,13 @@ def test_an_interrupted_pretraining_resumes_to_the_checkpoint_of_an_uninterrupte
         protofed.pretrain(
             cfg, out, resume=True, on_start=described.append, on_epoch=lambda e, _: epochs.append(e)
         )
-        assert described[0].endswith(f"resuming after epoch {last}") and epochs == [2][: 2 - last]
+        assert described[0].endswith(f"resuming after epoch {last}")
+        assert epochs == ([2] if last == 1 else [])  # after the last: nothing left to train
         assert _same(out, whole) and not state_path(out).exists()
     # complete: nothing to train, unless the settings differ
     assert protofed.pretrain(cfg, out, resume=True, on_start=described.append) == out
     assert len(described) == 1
-    with pytest.raises(ConfigError, match="pretrain.epochs was 2, now 3; choose|made with other"):
+    with pytest.raises(ConfigError, match=r"other settings \(pretrain\.epochs was 2, now 3\)"):
         protofed.pretrain(_config(shared_data, "pretrain.epochs=3"), out, resume=True)
     # --force starts over, even from a kept state
     with pytest.raises(KeyboardInterrupt):
