@@ -42,7 +42,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,20 +345,22 @@ class Pretraining:
         own = self.mae.state_dict()
         params = list(self.mae.parameters())
         names = ("momentum_buffer",) if self.cfg.pretrain.optimizer == "sgd" else ADAM_MOMENTS
-        for key in [f"rng.{k}" for k in ("generator", "cpu")] + [f"mae.{k}" for k in own]:
+        for key in ("rng.generator", "rng.cpu"):
             if key not in tensors:
                 return f"no tensor '{key}'"
+        fault = tensors_fault(saved, own)
+        if fault is not None:
+            kind, key = fault
+            if kind == "missing":
+                return f"no tensor 'mae.{key}'"
+            if kind == "extra":
+                return f"'mae.{key}', which it lacks"
+            return f"'mae.{key}' is {tuple(saved[key].shape)}, not {tuple(own[key].shape)}"
         random_state = torch.Generator().get_state()  # the CPU's Mersenne Twister
         for key in ("rng.generator", "rng.cpu"):
             value = tensors[key]
             if value.dtype != random_state.dtype or value.shape != random_state.shape:
                 return f"'{key}' is not a random generator's state"
-        extra = sorted(set(saved) - set(own))
-        if extra:
-            return f"'mae.{extra[0]}', which it lacks"
-        for key, value in own.items():
-            if saved[key].shape != value.shape:
-                return f"'mae.{key}' is {tuple(saved[key].shape)}, not {tuple(value.shape)}"
         for index, have in sorted(moments.items()):  # a parameter never updated has none
             if not 0 <= index < len(params) or set(have) != set(names):
                 return f"the optimizer's moments of parameter {index} ({', '.join(sorted(have))})"
@@ -488,6 +490,20 @@ def check_complete(out: Path, cfg: ExperimentConfig) -> None:
 
 
 # --------------------------------------------------------------------- checkpoint files
+def tensors_fault(
+    found: Mapping[str, torch.Tensor], wanted: Mapping[str, torch.Tensor]
+) -> tuple[str, str] | None:
+    """The first way `found` is not `wanted`'s tensors by name and shape, as ("missing",
+    key), ("shape", key) or ("extra", key); None if there is none. Each caller words it."""
+    for key, value in wanted.items():
+        if key not in found:
+            return "missing", key
+        if tuple(found[key].shape) != tuple(value.shape):
+            return "shape", key
+    extra = sorted(set(found) - set(wanted))
+    return ("extra", extra[0]) if extra else None
+
+
 def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:
     """Write the safetensors file atomically."""
     return atomic_write_bytes(path, safetensors.torch.save(tensors))
@@ -547,23 +563,23 @@ def load_init(model: nn.Module, path: str | Path) -> dict[str, Any]:
             f"model.init: the model has no HART encoder to load {path} into; set model.name=hart"
         )
     state = model.state_dict()
-    wanted = [k for k in state if is_encoder_key(k)]
-    for key in wanted:
-        if key not in tensors:
+    wanted = {k: v for k, v in state.items() if is_encoder_key(k)}
+    fault = tensors_fault(tensors, wanted)
+    if fault is not None:
+        kind, key = fault
+        if kind == "missing":
             raise ConfigError(
                 f"model.init: {path} has no tensor '{key}' (pre-trained with other "
                 "model.alp / data.channels settings?)"
             )
-        if tuple(tensors[key].shape) != tuple(state[key].shape):
+        if kind == "extra":
             raise ConfigError(
-                f"model.init: tensor '{key}' is {tuple(tensors[key].shape)} in {path}, the "
-                f"model needs {tuple(state[key].shape)}"
+                f"model.init: {path} has tensor '{key}' the model lacks (pre-trained with "
+                "other model.alp / data.channels settings?)"
             )
-    extra = sorted(set(tensors) - set(wanted))
-    if extra:
         raise ConfigError(
-            f"model.init: {path} has tensor '{extra[0]}' the model lacks (pre-trained with "
-            "other model.alp / data.channels settings?)"
+            f"model.init: tensor '{key}' is {tuple(tensors[key].shape)} in {path}, the "
+            f"model needs {tuple(state[key].shape)}"
         )
     for key in wanted:
         state[key].copy_(tensors[key])
