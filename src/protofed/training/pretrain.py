@@ -345,9 +345,13 @@ class Pretraining:
         own = self.mae.state_dict()
         params = list(self.mae.parameters())
         names = ("momentum_buffer",) if self.cfg.pretrain.optimizer == "sgd" else ADAM_MOMENTS
+        random_state = torch.Generator().get_state()  # the CPU's Mersenne Twister
         for key in ("rng.generator", "rng.cpu"):
             if key not in tensors:
                 return f"no tensor '{key}'"
+            value = tensors[key]
+            if value.dtype != random_state.dtype or value.shape != random_state.shape:
+                return f"'{key}' is not a random generator's state"
         fault = tensors_fault(saved, own)
         if fault is not None:
             kind, key = fault
@@ -356,11 +360,6 @@ class Pretraining:
             if kind == "extra":
                 return f"'mae.{key}', which it lacks"
             return f"'mae.{key}' is {tuple(saved[key].shape)}, not {tuple(own[key].shape)}"
-        random_state = torch.Generator().get_state()  # the CPU's Mersenne Twister
-        for key in ("rng.generator", "rng.cpu"):
-            value = tensors[key]
-            if value.dtype != random_state.dtype or value.shape != random_state.shape:
-                return f"'{key}' is not a random generator's state"
         for index, have in sorted(moments.items()):  # a parameter never updated has none
             if not 0 <= index < len(params) or set(have) != set(names):
                 return f"the optimizer's moments of parameter {index} ({', '.join(sorted(have))})"
