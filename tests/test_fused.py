@@ -70,7 +70,11 @@ def test_fused_sgd_equals_autograd(name, shape, hidden, threads, onednn, monkeyp
 OPTIMIZERS = {
     "momentum": TrainConfig(momentum=0.9, lr=0.05),
     "nesterov_wd": TrainConfig(momentum=0.9, nesterov=True, weight_decay=1e-3, lr=0.05),
-    "adam": TrainConfig(optimizer="adam", lr=1e-3, weight_decay=1e-4),
+    # Adam's L2 decay at 1e-2, not 1e-4: at 1e-4, wd * w is about harcnn's smallest gradients
+    # (~1e-6), so thousands of coordinates' g + wd * w cancel to ~1e-9, where each path's fp32
+    # rounding decides the sign of an lr-sized step. Both paths then drift apart by up to 4e-3
+    # (measured on an AVX-512 Xeon, 2026-11-27; at 1e-2 or 0 they agree to 2e-5).
+    "adam": TrainConfig(optimizer="adam", lr=1e-3, weight_decay=1e-2),
     "adamw": TrainConfig(optimizer="adamw", lr=1e-3, weight_decay=0.01),
 }
 
