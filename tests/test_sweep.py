@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,3 +253,22 @@ def test_names_templates_and_variants(tmp_path: Path) -> None:
 def test_every_shipped_sweep_expands_and_validates(path: Path) -> None:
     runs = load_spec(path).expand()  # configs and names checked; no data read
     assert runs and len({r.name for r in runs}) == len(runs)
+
+
+def test_the_sweeps_page_lists_every_shipped_spec_with_its_run_count() -> None:
+    """docs/sweeps.md's table of shipped specs: each spec once, with the runs it expands to."""
+    listed: dict[str, int] = {}
+    for line in (ROOT / "docs" / "sweeps.md").read_text().splitlines():
+        cells = line.split(" | ")
+        names = re.findall(r"`([\w.-]+\.yaml)`", cells[0])
+        if len(cells) < 3 or not names:
+            continue
+        counts = [int(n) for n in re.findall(r"\d+", cells[1].replace("(GPU)", ""))]
+        assert len(counts) == len(names), line
+        for name, count in zip(names, counts, strict=True):
+            assert name not in listed, f"{name} listed twice"
+            listed[name] = count
+    shipped = {
+        p.name: len(load_spec(p).expand()) for p in (ROOT / "configs" / "sweeps").glob("*.yaml")
+    }
+    assert listed == shipped
