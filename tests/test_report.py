@@ -167,6 +167,25 @@ def test_printed_markdown_and_csv_carry_the_same_numbers(sweep, tmp_path):
     )
 
 
+def test_a_long_label_folds_and_leaves_every_number_whole(sweep, tmp_path):
+    """Runs that differ in many keys get labels wider than the terminal: the label wraps
+    onto more lines, and no number column is squeezed (they once shrank to nothing)."""
+    long = tmp_path / ("a_run_folder_named_at_length_" * 7)
+    shutil.copytree(sweep / "fedavg_s0", long)
+    out = tmp_path / "cmp"
+    runs = [str(long), str(sweep / "more" / "local_s0")]
+    result = runner.invoke(app, ["report", *runs, "--group-by", "none", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    head, body = _printed(result.output)
+    md_head, md_body = _markdown(out.with_suffix(".md").read_text())
+    assert set(head) <= set(md_head)
+    rows = [r for r in body if r[head.index("pers_f1")]]  # a label's later lines: blank there
+    assert len(rows) == 2 and len(body) > 2
+    for col in set(head) - {"run"}:
+        assert [r[head.index(col)] for r in rows] == [r[md_head.index(col)] for r in md_body]
+    assert long.name in "".join(r[head.index("run")] for r in body)
+
+
 def test_runs_of_one_name_in_two_folders_get_distinct_labels(sweep, tmp_path):
     """Two run folders given by path with the same name (a sweep's scratch/ and pretrained/
     halves) are told apart by their parent folders, in the table and so in the legends."""

@@ -498,13 +498,18 @@ def report(
             f"scores in % (mean over clients), {spread}; MB and s per round"
         )
         table = Table(title=title, caption=f"every column: {out.name}.md and .csv")
-        for col in head:
-            left = col in ("group", "run", "algorithm", "dataset")
-            table.add_column(col, justify="left" if left else "right", no_wrap=True)
+        widths = [max(len(c) for c in col) for col in zip(head, *body, strict=True)]
+        labels = ("group", "run", "algorithm", "dataset")
+        for col, width in zip(head, widths, strict=True):
+            if col in labels:  # a long label (runs differing in many keys) folds onto lines
+                table.add_column(col, justify="left", overflow="fold", min_width=min(width, 24))
+            else:  # numbers keep their width: never squeezed to nothing by a long label
+                table.add_column(col, justify="right", no_wrap=True, min_width=width)
         for line in body:
             table.add_row(*line)
-        needed = sum(max(len(c) for c in col) + 3 for col in zip(head, *body, strict=True)) + 4
-        wide = Console(width=max(console.width, min(needed, 240)))  # a table, not wrapped cells
+        needed = sum(w + 3 for w in widths) + 4
+        numbers = sum(w + 3 for col, w in zip(head, widths, strict=True) if col not in labels)
+        wide = Console(width=max(console.width, min(needed, max(240, numbers + 40))))
         if plot:
             from protofed.plots.curves import check_figures_writable, figures, write_figures
 
