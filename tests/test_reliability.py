@@ -291,6 +291,22 @@ def test_every_write_is_fsynced_before_its_rename(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
 
 
+def test_written_files_get_the_mode_a_plain_open_gives(tmp_path):
+    """The temporary behind every write is 0o600; the file must not stay so (a run directory
+    unreadable to the user's group), and a file's own mode survives a rewrite."""
+    old = os.umask(0o027)
+    try:
+        fresh = atomic_write_text(tmp_path / "fresh.txt", "x")
+        assert fresh.stat().st_mode & 0o777 == 0o640
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        kept.chmod(0o604)
+        atomic_write_text(kept, "new")
+        assert kept.stat().st_mode & 0o777 == 0o604 and kept.read_text() == "new"
+    finally:
+        os.umask(old)
+
+
 # 2. divergence -----------------------------------------------------------------------------
 
 

@@ -82,6 +82,26 @@ def check_writable(path: str | Path) -> None:
         pass
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the system allows (Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The mode `open(path, "w")` would leave: the file's own if it exists, else 0o666 less
+    the umask. mkstemp makes its temporary 0o600, so without this every run directory,
+    checkpoint and report would be unreadable to the user's group and to other tools."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_mode & 0o7777
+    return 0o666 & ~_umask()
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     """Write `path` through `write(handle)`: complete and durable, or untouched."""
     path = Path(path)
@@ -89,6 +109,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.chmod(tmp, _mode_for(path))
             with os.fdopen(fd, "wb") as handle:
                 write(handle)
                 handle.flush()
