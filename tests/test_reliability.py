@@ -307,6 +307,15 @@ def test_written_files_get_the_mode_a_plain_open_gives(tmp_path):
         os.umask(old)
 
 
+def test_a_file_system_that_refuses_modes_still_gets_the_file(tmp_path, monkeypatch):
+    def refuse(fd, mode):
+        raise PermissionError(1, "Operation not permitted")  # FAT's answer to chmod
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    assert atomic_write_text(tmp_path / "f.txt", "x").read_text() == "x"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
 # 2. divergence -----------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
+from rich.console import Console
 from scipy.stats import t as student_t
 from typer.testing import CliRunner
 
@@ -167,10 +168,13 @@ def test_printed_markdown_and_csv_carry_the_same_numbers(sweep, tmp_path):
     )
 
 
-def test_a_long_label_folds_and_leaves_every_number_whole(sweep, tmp_path):
-    """Runs that differ in many keys get labels wider than the terminal: the label wraps
-    onto more lines, and no number column is squeezed (they once shrank to nothing)."""
-    long = tmp_path / ("a_run_folder_named_at_length_" * 7)
+def test_a_long_label_folds_and_leaves_every_number_whole(sweep, tmp_path, monkeypatch):
+    """Runs that differ in many keys get labels wider than the table may be: the label wraps
+    onto more lines, no number column is squeezed (they once shrank to nothing), and a
+    name that looks like markup prints as it is."""
+    # an 80-column terminal; a wide one would leave nothing to fold
+    monkeypatch.setattr("protofed.cli.console", Console(width=80))
+    long = tmp_path / ("a_run_folder_named_at_length_[lr]_" * 6)
     shutil.copytree(sweep / "fedavg_s0", long)
     out = tmp_path / "cmp"
     runs = [str(long), str(sweep / "more" / "local_s0")]

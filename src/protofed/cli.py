@@ -27,6 +27,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from protofed.errors import ConfigError, RunComplete, RunStopped
 
@@ -506,10 +507,13 @@ def report(
             else:  # numbers keep their width: never squeezed to nothing by a long label
                 table.add_column(col, justify="right", no_wrap=True, min_width=width)
         for line in body:
-            table.add_row(*line)
+            table.add_row(*(Text(cell) for cell in line))  # a folder named `run[lr]` is text
         needed = sum(w + 3 for w in widths) + 4
-        numbers = sum(w + 3 for col, w in zip(head, widths, strict=True) if col not in labels)
-        wide = Console(width=max(console.width, min(needed, max(240, numbers + 40))))
+        fixed = sum(
+            w + 3 if col not in labels else min(w, 24) + 3
+            for col, w in zip(head, widths, strict=True)
+        )
+        wide = Console(width=max(console.width, min(needed, max(240, fixed + 4))))
         if plot:
             from protofed.plots.curves import check_figures_writable, figures, write_figures
 

@@ -88,17 +88,19 @@ def _umask() -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it
+    # elsewhere the only way to read it is to set it: a file another thread creates meanwhile
+    # is made more private (0o077), never less
+    mask = os.umask(0o077)
     os.umask(mask)
     return mask
 
 
 def _mode_for(path: Path) -> int:
-    """The mode `open(path, "w")` would leave: the file's own if it exists, else 0o666 less
-    the umask. mkstemp makes its temporary 0o600, so without this every run directory,
+    """The existing file's permission bits, else 0o666 less the umask (what `open` gives a new
+    file). mkstemp makes its temporary 0o600, so without this every run directory,
     checkpoint and report would be unreadable to the user's group and to other tools."""
     with contextlib.suppress(OSError):
-        return path.stat().st_mode & 0o7777
+        return path.stat().st_mode & 0o777  # follows a link: the target's mode
     return 0o666 & ~_umask()
 
 
@@ -109,8 +111,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            os.chmod(tmp, _mode_for(path))
             with os.fdopen(fd, "wb") as handle:
+                if hasattr(os, "fchmod"):  # POSIX; where modes cannot be set (FAT), the default
+                    with contextlib.suppress(OSError):
+                        os.fchmod(fd, _mode_for(path))
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
