@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from protofed.cli import app
 from protofed.config import DataConfig, load_config
-from protofed.data import catalog, load_dataset
+from protofed.data import catalog, load_dataset, load_plugins
 from protofed.data.convert import UCI_CHANNELS, safe_unpickle
 from protofed.data.download import CHECKSUMS, Remote, ResumableDownloader, fetch_file
 from protofed.errors import ConfigError
@@ -480,6 +480,9 @@ def test_data_list_and_info_describe_the_catalog(shared_data):
     assert any(
         line.startswith("│ cifar10 ") and "subset" in line for line in result.output.splitlines()
     )
+    assert "…" not in result.output  # in 80 columns nothing is cut, names least of all
+    names = {line.split("│")[1].strip() for line in result.output.splitlines()[4:-2]}
+    assert set(load_plugins()) <= names
     info = runner.invoke(app, ["data", "info", "mnist", "--data-dir", str(shared_data)])
     assert info.exit_code == 0
     assert "md5:f68b3c2dcbeaaa9fbdd348bbdeb94873" in info.output

@@ -788,8 +788,9 @@ def data_list(data_dir: DataDir = None) -> None:
 
     root = _data_root(data_dir)
     table = Table(title=f"data sets (data root: {root})", title_justify="left")
-    for col in ("name", "present", "size", "download", "source", "licence"):
-        table.add_column(col)
+    table.add_column("name", no_wrap=True)  # what `data fetch` takes: never cut
+    for col in ("present", "size", "download", "source", "licence"):
+        table.add_column(col, no_wrap=col in ("size", "download"), overflow="fold")
     for name, info in load_plugins().items():
         parts = catalog.COMPOSITE.get(name, (name,))
         if not all(p in catalog.SOURCES for p in parts):
