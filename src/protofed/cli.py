@@ -501,19 +501,16 @@ def report(
         table = Table(title=title, caption=f"every column: {out.name}.md and .csv")
         widths = [max(len(c) for c in col) for col in zip(head, *body, strict=True)]
         labels = ("group", "run", "algorithm", "dataset")
-        for col, width in zip(head, widths, strict=True):
+        least = [min(w, 24) if col in labels else w for col, w in zip(head, widths, strict=True)]
+        for col, width in zip(head, least, strict=True):
             if col in labels:  # a long label (runs differing in many keys) folds onto lines
-                table.add_column(col, justify="left", overflow="fold", min_width=min(width, 24))
+                table.add_column(col, justify="left", overflow="fold", min_width=width)
             else:  # numbers keep their width: never squeezed to nothing by a long label
                 table.add_column(col, justify="right", no_wrap=True, min_width=width)
         for line in body:
             table.add_row(*(Text(cell) for cell in line))  # a folder named `run[lr]` is text
-        needed = sum(w + 3 for w in widths) + 4
-        fixed = sum(
-            w + 3 if col not in labels else min(w, 24) + 3
-            for col, w in zip(head, widths, strict=True)
-        )
-        wide = Console(width=max(console.width, min(needed, max(240, fixed + 4))))
+        needed, fixed = (sum(w + 3 for w in ws) + 4 for ws in (widths, least))
+        wide = Console(width=max(console.width, min(needed, max(240, fixed))))
         if plot:
             from protofed.plots.curves import check_figures_writable, figures, write_figures
 
