@@ -57,7 +57,7 @@ LOCAL_BANKS = "local"  # reply and client state: the client's local prototypes
 SCALARS = "scalars"  # message: the round's beta and gamma, one scalar buffer per layer
 
 
-class Params(Hyperparams):
+class FedAliParams(Hyperparams):
     beta: float = Field(0.2, ge=0, le=1, description="Alignment coefficient beta (paper: 0.2).")
     first_round_beta: float = Field(
         0.0, ge=0, le=1, description="beta in round 1 (official code: 0; the paper's text: 0.2)."
@@ -84,9 +84,10 @@ class FedAli(Algorithm):
         "Ek et al., FedAli: Personalized Federated Learning Alignment with Prototype Layers "
         "for Generalized Mobile Services, 2024 (github.com/getalp/FedAli)"
     )
-    Params = Params
+    Params = FedAliParams
+    params: FedAliParams
 
-    def __init__(self, params: Params, setting: Setting) -> None:
+    def __init__(self, params: Hyperparams, setting: Setting) -> None:
         super().__init__(params, setting)
         init = setting.init_model
         self.local_names = _names(init, LOCAL)

@@ -36,6 +36,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from pydantic import Field
@@ -46,6 +47,9 @@ from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResul
 from protofed.errors import ConfigError
 from protofed.prototypes import embed
 from protofed.training.loop import train_epochs
+
+if TYPE_CHECKING:
+    from protofed.models.base import FedModel
 
 HEAD = "head"  # a client's state in the fine-tuning phase: its fine-tuned head
 
@@ -125,7 +129,7 @@ class FedHome(Algorithm):
             metrics = client.train_model()
             return FitResult({MODEL: client.weights()}, metrics)
         client.load(self.head(message, state))
-        model = client.model
+        model = cast("FedModel", client.model)
         z = embed(model, client.data.train_x)
         zb, yb = smote_balance(z, client.data.train_y, self.params.k_neighbors, client.generator)
         metrics = train_epochs(

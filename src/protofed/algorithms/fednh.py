@@ -38,7 +38,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,9 @@ from protofed.prototypes import (
     pack_prototypes,
     unpack_prototypes,
 )
+
+if TYPE_CHECKING:
+    from protofed.models.base import FedModel
 
 SCALE = "scale"  # the record of the cosine logits' scale s: {"scale": (1,)}
 
@@ -109,7 +112,7 @@ def smooth_update(
 
 
 def cosine_logits(
-    model: nn.Module, x: torch.Tensor, prototypes: torch.Tensor, scale: torch.Tensor
+    model: FedModel, x: torch.Tensor, prototypes: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
     """s * cos(f(x), p_c) for every class c."""
     return scale * F.normalize(model.features(x), dim=1) @ F.normalize(prototypes, dim=1).T
@@ -159,7 +162,8 @@ class FedNH(Algorithm):
         scale = nn.Parameter(message[SCALE]["scale"].detach().clone().to(device))
         prototypes = model["head.weight"].detach()
 
-        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            model = cast("FedModel", module)  # a LossFn takes any module; ours are FedModels
             return F.cross_entropy(cosine_logits(model, x, prototypes, scale), y)
 
         trained = body_parameters(client.model) + ([scale] if self.params.learn_scale else [])

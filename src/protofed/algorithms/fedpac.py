@@ -247,7 +247,7 @@ class FedPAC(Algorithm):
             new[head_of(reply.client)] = head
         return AggregateResult(new, metrics)
 
-    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, ...]]:
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return global_prototypes(server, self.setting.num_classes)
 
     def client_model(self, message: Records, state: Records) -> Arrays:

@@ -34,7 +34,7 @@ Decisions:
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
+    from protofed.models.base import FedModel
     from protofed.training.loop import LossFn
 
 
@@ -65,7 +66,8 @@ def balanced_softmax_loss(
 def fedrod_loss(personal_head: nn.Module, prior_log: torch.Tensor) -> LossFn:
     """Generic model on the balanced softmax plus personal head on the combined output."""
 
-    def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model = cast("FedModel", module)  # a LossFn takes any module; ours are FedModels
         z = model.features(x)
         generic = model.head(z)
         combined = generic.detach() + personal_head(z.detach())
@@ -99,7 +101,7 @@ class FedRoD(Algorithm):
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
-        model = client.model
+        model = cast("FedModel", client.model)
         personal = copy.deepcopy(model.head)
         prefix = f"{HEAD}."  # the head module's own names, without the model's prefix
         personal.load_state_dict(

@@ -82,7 +82,7 @@ def fused_of(client: int) -> str:
 Strategy = Literal["overlap", "cluster_avg", "leadership"]
 
 
-class Params(Hyperparams):
+class FedSubParams(Hyperparams):
     setting: Literal["partial", "full"] = Field(
         "partial",
         description="partial: the first L layers form subnetworks (paper's best); full: all.",
@@ -305,9 +305,9 @@ class FedSub(Algorithm):
         "Campana and Delmastro, FedSub: Introducing class-aware Subnetworks Fusion to Enhance "
         "Personalized Federated Learning in Ubiquitous Systems, 2025"
     )
-    Params = Params
+    Params = FedSubParams
     has_global_model = False
-    params: Params
+    params: FedSubParams
 
     def __init__(self, params: Hyperparams, setting: Setting) -> None:
         super().__init__(params, setting)

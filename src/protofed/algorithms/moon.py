@@ -33,7 +33,7 @@ Decisions:
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -74,10 +74,11 @@ def frozen_copy(model: FedModel, weights: Arrays) -> FedModel:
     return twin
 
 
-def moon_loss(global_model: nn.Module, previous_model: nn.Module, mu: float, tau: float) -> LossFn:
+def moon_loss(global_model: FedModel, previous_model: FedModel, mu: float, tau: float) -> LossFn:
     """The local objective CE + mu * l_con as a `LossFn` for `Client.train_model`."""
 
-    def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model = cast("FedModel", module)  # a LossFn takes any module; ours are FedModels
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
         with torch.no_grad():
@@ -106,10 +107,11 @@ class MOON(Algorithm):
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
+        model = cast("FedModel", client.model)
         if self.params.mu > 0 and PREVIOUS in state:
             loss = moon_loss(
-                frozen_copy(client.model, message[MODEL]),
-                frozen_copy(client.model, state[PREVIOUS]),
+                frozen_copy(model, message[MODEL]),
+                frozen_copy(model, state[PREVIOUS]),
                 self.params.mu,
                 self.params.temperature,
             )

@@ -124,8 +124,8 @@ class PFedMe(Algorithm):
                     self.params.inner_steps,
                 )
                 with torch.no_grad():
-                    for w, theta in zip(local, params, strict=True):
-                        w.sub_(lr * lam * (w - theta))
+                    for w, personal in zip(local, params, strict=True):
+                        w.sub_(lr * lam * (w - personal))
                 steps += 1
         theta = client.weights()  # with the running statistics
         names = [n for n, _ in model.named_parameters()]

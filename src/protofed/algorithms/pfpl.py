@@ -41,7 +41,7 @@ docs/results/pfpl.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import Field
@@ -151,7 +151,10 @@ class PFPL(FedProto):
             description="Evaluate the personal model's head, or the nearest personalized prototype.",
         )
 
-    params: Params
+    @property
+    def pfpl_params(self) -> PFPL.Params:
+        """`params` as PFPL's own class: FedProto, which PFPL extends, types it as its own."""
+        return cast("PFPL.Params", self.params)
 
     def init_server(self) -> Records:
         m, c = self.setting.num_clients, self.setting.num_classes
@@ -162,7 +165,7 @@ class PFPL(FedProto):
         bank = server[BANK]
         if not bool((bank["counts"][client] > 0).any()):
             return {}  # nothing uploaded yet: nothing to personalize
-        p = self.params
+        p = self.pfpl_params
         protos, present = personalized_prototypes(
             bank["means"], bank["counts"], client, p.alpha, p.weights, p.temperature
         )
@@ -181,7 +184,7 @@ class PFPL(FedProto):
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
         personalized prototypes."""
-        p = self.params
+        p = self.pfpl_params
         return prototype_regularized_loss(prototypes, present, p.lam, p.align, p.reg_reduction)
 
     def aggregate(

@@ -79,7 +79,7 @@ class ProtoHAR(Algorithm):
 
     Params = DecoupledParams
 
-    params: Params
+    params: DecoupledParams
 
     def init_server(self) -> Records:
         return body_without_prototypes(self.setting)
@@ -114,7 +114,7 @@ class ProtoHAR(Algorithm):
             metrics,
         )
 
-    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, ...]]:
+    def prototypes(self, server: Records) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return global_prototypes(server, self.setting.num_classes)
 
     def client_model(self, message: Records, state: Records) -> Arrays:

@@ -53,7 +53,9 @@ def body_without_prototypes(setting: Setting) -> Records:
     return {MODEL: body, PROTOS: none}
 
 
-def global_prototypes(server: Records, num_classes: int) -> dict[str, tuple[torch.Tensor, ...]]:
+def global_prototypes(
+    server: Records, num_classes: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The server's packed global prototypes as `Algorithm.prototypes` names them."""
     means, counts = unpack_prototypes(server[PROTOS], num_classes)
     return {"global": (means, counts)} if bool((counts > 0).any()) else {}

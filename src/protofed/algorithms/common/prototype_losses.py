@@ -15,7 +15,7 @@ form of FedDPA's ||P_i^k - P_i^g||^2.
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from torch import nn
 
 from protofed.prototypes import class_means
 from protofed.training.loop import LossFn
+
+if TYPE_CHECKING:
+    from protofed.models.base import FedModel
 
 Target = Literal["sample", "class_mean"]
 Reduction = Literal["mean", "sum", "squared_l2"]
@@ -84,7 +87,8 @@ def prototype_regularized_loss(
     (their mean over rows).
     """
 
-    def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model = cast("FedModel", module)  # a LossFn takes any module; ours are FedModels
         features = model.features(x)
         ce = F.cross_entropy(model.head(features), y)
         if lam == 0 or not bool(present.any()):
