@@ -16,7 +16,7 @@ reference), once with `torch` (`protofed.prototypes.lloyd`). It prints:
 
 Usage: python benchmarks/fedali_server_step.py [--rounds 3] [--data-dir ../shared/data]
 Writes benchmarks/out/fedali_server_step.json (or --out). The rest of FedAli's overhead
-(training time, memory, bytes against FedAvg) is benchmarks/fedali_overhead.py.
+(training time, memory, bytes against FedAvg) is experiments/scripts/fedali_overhead.py.
 """
 
 from __future__ import annotations

@@ -249,7 +249,12 @@ def test_names_templates_and_variants(tmp_path: Path) -> None:
     assert shortened[1].config.train.rounds == 1 and shortened[1].changes["train.rounds"] == 1
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")), ids=str)
+# the product's example specs, then the papers' reproduction grids
+SPEC_DIRS = (ROOT / "configs" / "sweeps", ROOT / "experiments" / "sweeps")
+SHIPPED_SPECS = [path for folder in SPEC_DIRS for path in sorted(folder.glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", SHIPPED_SPECS, ids=str)
 def test_every_shipped_sweep_expands_and_validates(path: Path) -> None:
     runs = load_spec(path).expand()  # configs and names checked; no data read
     assert runs and len({r.name for r in runs}) == len(runs)
@@ -268,7 +273,20 @@ def test_the_sweeps_page_lists_every_shipped_spec_with_its_run_count() -> None:
         for name, count in zip(names, counts, strict=True):
             assert name not in listed, f"{name} listed twice"
             listed[name] = count
-    shipped = {
-        p.name: len(load_spec(p).expand()) for p in (ROOT / "configs" / "sweeps").glob("*.yaml")
-    }
+    shipped = {p.name: len(load_spec(p).expand()) for p in SHIPPED_SPECS}
+    assert len(shipped) == len(SHIPPED_SPECS), "a spec name in both folders"
     assert listed == shipped
+
+
+def test_the_experiments_readme_lists_every_page_spec_and_script() -> None:
+    """experiments/README.md names each results page, reproduction spec and script once."""
+    experiments = ROOT / "experiments"
+    readme = (experiments / "README.md").read_text()
+    listed = set(re.findall(r"`((?:sweeps|scripts)/[\w.-]+)`", readme))
+    listed |= set(re.findall(r"\]\((results/[\w.-]+\.md)\)", readme))
+    present = {
+        p.relative_to(experiments).as_posix()
+        for pattern in ("results/*.md", "sweeps/*.yaml", "scripts/*.py")
+        for p in experiments.glob(pattern)
+    }
+    assert present and listed == present

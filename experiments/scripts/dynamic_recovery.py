@@ -1,7 +1,7 @@
 """How fast personalization recovers when a withheld class returns (data.dynamic, FedSub's
-dynamic scenario): the table of docs/results/fedsub.md, over `protofed report`'s groups.
+dynamic scenario): the table of experiments/results/fedsub.md, over `protofed report`'s groups.
 
-Usage: python benchmarks/dynamic_recovery.py RUNS_OR_DIRS... > recovery.md
+Usage: python experiments/scripts/dynamic_recovery.py RUNS_OR_DIRS... > recovery.md
 
 For each group of runs (`protofed.report.group_runs`, "auto": the seeds of one config) and each
 arrival round a (a class returns every `data.dynamic.every` rounds), over the clients that get

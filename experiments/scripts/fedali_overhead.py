@@ -9,9 +9,9 @@ alike); the model's memory footprint (parameters, buffers, and the trainable par
 one client sends up and receives per round. The server step (K-means of the clients'
 local prototypes) on real rounds is benchmarks/fedali_server_step.py.
 
-Usage: python benchmarks/fedali_overhead.py [--data-dir ../shared/data] [--repeats 3] [--device cuda]
+Usage: python experiments/scripts/fedali_overhead.py [--data-dir ../shared/data] [--repeats 3] [--device cuda]
        [--config configs/fedali_cifar10_dirichlet.yaml]
-Writes benchmarks/out/fedali_overhead.json (or --out; and prints it). Paper (HHAR, GPU): training time
+Writes experiments/out/fedali_overhead.json (or --out; and prints it). Paper (HHAR, GPU): training time
 1.09x, memory 2.38x, communication 1.84x.
 """
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="local epochs timed per fit")
     parser.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
     parser.add_argument("--config", default=CONFIG, help="a FedAli config (its backbone and data)")
-    parser.add_argument("--out", default="benchmarks/out/fedali_overhead.json")
+    parser.add_argument("--out", default="experiments/out/fedali_overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     preps = {
