@@ -1,7 +1,7 @@
 """protofed against PFLlib on PFLlib's own UCI-HAR work, run side by side in one sitting.
 
-Why: issue 20 asks for protofed to be at least 3x PFLlib on PFLlib's work, as a ratio taken in
-one sitting. A reference number measured on another day (README, speed section) says little on
+Why: the speed goal is protofed at least 3x PFLlib on PFLlib's work, as a ratio taken in one
+sitting. A reference number measured at another time (README, speed section) says little on
 a machine whose load changes by the minute, so this script runs both, one after the other, in
 the same sitting, and repeats the sitting.
 

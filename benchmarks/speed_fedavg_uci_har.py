@@ -1,6 +1,6 @@
 """Seconds per round and client updates per second, FedAvg on UCI-HAR natural clients.
 
-Two configurations (issue: core speed criterion):
+Two configurations (the core speed criterion):
   a) cnn1d on the 6 default channels, batch 64, SGD, 1 local epoch;
   b) the exact work of a PFLlib measurement on this machine class: all 9 channels, `harcnn`
      (2.25 M parameters), SGD lr 0.005, batch 10, 1 local epoch, 30 clients, evaluation every

@@ -1,11 +1,11 @@
-"""Training seconds per round by optimizer, FedAvg on UCI-HAR natural clients (issue 20.1).
+"""Training seconds per round by optimizer, FedAvg on UCI-HAR natural clients.
 
 Interleaved repeats in one sitting (plain SGD, momentum 0.9, Nesterov, Adam), medians, on two
 works: PFLlib's (harcnn, 9 channels, batch 10, see speed_fedavg_uci_har.py) and
 configs/uci_har_natural.yaml. Every optimizer takes the autograd-free path
 (training/fused.py): gradients by hand, then torch's optimizer step on its fused kernel
 (plain SGD is applied in place during the backward sweep). The goal: momentum and Adam
-within 1.2x of plain SGD. Measured 2026-11-25 on the 2-core machine, no other run on it (--rounds 3
+within 1.2x of plain SGD. On the 2-core machine with no other run on it (--rounds 3
 --repeats 2): PFLlib's work momentum 1.19x, Nesterov 1.18x, Adam 1.36x; uci_har_natural
 1.04x, 0.98x, 0.94x. Adam on harcnn stays above the goal: at batch 10 its step reads and
 writes four 2.25 M-weight tensors (weights, gradient, two moments) where plain SGD updates
@@ -17,7 +17,7 @@ do before its kernel), the full Adam step, and torch's fused Adam kernel alone o
 tensors, with this machine's default kernels (protofed.nn.linear). Gradients alone plus the
 kernel alone is a floor for Adam's step under torch's arithmetic on those kernels.
 
-`--against` asks whether the hand-written step earns its place (issue 20: prefer what
+`--against` asks whether the hand-written step earns its place (the rule: prefer what
 PyTorch offers where it is as fast): one harcnn step at batch 10, one thread, for plain SGD,
 momentum 0.9 and Adam, each on the autograd-free step and on autograd (forward, backward,
 `make_optimizer`'s optimizer: fused kernels for momentum and Adam, foreach for plain SGD,

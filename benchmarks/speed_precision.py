@@ -1,4 +1,4 @@
-"""Seconds per round and final scores, train.precision fp32 against bf16 (issue 20.4).
+"""Seconds per round and final scores, train.precision fp32 against bf16.
 
 Two works on UCI-HAR natural clients, FedAvg, one process with one thread (`train.threads=1`,
 `train.workers=1`), the variants interleaved repeat by repeat in one sitting, medians:
