@@ -24,8 +24,8 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff format --check src tests benchmarks experiments
 	$(BIN)/lint-imports
 
 clean:
