@@ -32,7 +32,7 @@ import psutil
 import torch
 
 from protofed.config import load_config
-from protofed.flower.engine import run_simulation_loop, simulation_loop
+from protofed.flower.simulation import run_simulation_loop, simulation_loop
 from protofed.runtime import prepare, simulate
 
 COMMON = [

@@ -3,7 +3,7 @@ built-in one, and a real deployment (SuperLink + 3 SuperNodes) on loopback.
 
 Real data throughout: a slice of UCI-HAR (a few subjects, every few windows, 6 channels).
 Starting Ray is most of the cost, so every Flower simulation experiment of this file runs in
-one session (`engine.run_simulations`); the deployment test starts its own processes and
+one session (`simulation.run_simulations`); the deployment test starts its own processes and
 stops each one by its PID, also when it fails.
 """
 
@@ -35,9 +35,11 @@ from protofed.config import load_config  # noqa: E402
 from protofed.core.types import Reply  # noqa: E402
 from protofed.errors import ConfigError  # noqa: E402
 from protofed.flower import wire  # noqa: E402
-from protofed.flower.engine import FLOWER_ENV, RoundFailed, run_simulations  # noqa: E402
-from protofed.flower.engine import start as start_flower  # noqa: E402
 from protofed.flower.partitions import export_partitions, load_partition  # noqa: E402
+from protofed.flower.session import FLOWER_ENV  # noqa: E402
+from protofed.flower.simulation import run_simulations  # noqa: E402
+from protofed.flower.simulation import start as start_flower  # noqa: E402
+from protofed.flower.transport import RoundFailed  # noqa: E402
 from protofed.flower.validation import ReplyValidator  # noqa: E402
 from protofed.runtime import fit_client, prepare, simulate  # noqa: E402
 

@@ -30,7 +30,7 @@ pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
 from protofed.config import load_config  # noqa: E402
-from protofed.flower.engine import FLOWER_ENV  # noqa: E402
+from protofed.flower.session import FLOWER_ENV  # noqa: E402
 from protofed.runtime import prepare, simulate  # noqa: E402
 
 BIN = Path(sys.executable).parent

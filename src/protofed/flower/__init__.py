@@ -3,8 +3,12 @@
 - `wire`: arrays, metrics and the task as Flower records (no pickle);
 - `validation`: the server's check of every reply;
 - `clientapp`: the ClientApp (any algorithm's client side; state in `Context.state`);
-- `engine`: the built-in round loop with replies obtained over Flower's Grid, on the
-  simulation engine (`protofed run --engine flower`) or deployed (`serverapp`);
+- `transport`: `FlowerTransport`, the round loop's messages and replies over Flower's Grid;
+- `simulation`: the loop on Flower's simulation engine (`protofed run --engine flower`),
+  with `session` for its process side (Ray, signals, clean-up) and `settings` for the
+  `flower.*` checks;
+- `deployment`: the deployed loop (`deploy`) and its client-side evaluation;
+- `engine`: a compatibility module re-exporting the names above;
 - `serverapp`: the deployed ServerApp (`flwr run flower_app <superlink>`);
 - `partitions`: one client's data per file for the SuperNodes
   (`protofed flower export CONFIG --out DIR`).

@@ -11,7 +11,7 @@ Its run config (`[tool.flwr.app.config]` of flower_app/pyproject.toml, or `--run
 
 The server holds no data: it learns the federation from the SuperNodes' partition files
 (`protofed flower export`), runs the built-in round loop over the Grid
-(`engine.deploy`) and writes the run directory as every engine does, with
+(`deployment.deploy`) and writes the run directory as every engine does, with
 client-side evaluation (docs/flower.md says what is reported).
 """
 
@@ -27,7 +27,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from protofed.config import load_config
 from protofed.errors import ConfigError
-from protofed.flower.engine import deploy
+from protofed.flower.deployment import deploy
+from protofed.flower.transport import FlowerTransport
 from protofed.runs import RunDir
 
 log = logging.getLogger("protofed.flower")
@@ -76,7 +77,9 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as err:
         log.error("protofed: %s", err)  # one line; Flower marks the run failed with it
         raise
-    loop.transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
+    transport = loop.transport
+    assert isinstance(transport, FlowerTransport), "deploy builds a Flower round loop"
+    transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
     summary = loop.run()
     if summary["status"] == "diverged":
         log.error("protofed: diverged: %s; run directory %s", summary["diverged"], out)
