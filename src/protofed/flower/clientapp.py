@@ -233,7 +233,7 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     task = msg.content.config_records[wire.TASK]
     side = client_side(str(task["config"]), dict(context.node_config))
-    cid, server_round = int(task["client"]), int(task["round"])
+    cid, server_round = wire.task_int(task, "client"), wire.task_int(task, "round")
     fault = _fault(cid, server_round)
     if fault == "raise":
         raise RuntimeError(f"client {cid} fails in round {server_round} (PROTOFED_FLOWER_FAULT)")
@@ -266,7 +266,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     task = msg.content.config_records[wire.TASK]
     side = client_side(str(task["config"]), dict(context.node_config))
-    cid, server_round = int(task["client"]), int(task["round"])
+    cid, server_round = wire.task_int(task, "client"), wire.task_int(task, "round")
     device = resolve_device(side.cfg.train.device)
     message = wire.from_records(msg.content, device)
     key = wire.state_key(str(task["config"]))
@@ -309,7 +309,7 @@ def _scores(
     cid: int,
     server_round: int,
     model: Arrays,
-    global_record,
+    global_record: ArrayRecord | None,
     device: torch.device,
 ) -> ArrayRecord:
     """Deployment evaluation on the client's own data: per-class counts, nothing else."""

@@ -11,12 +11,13 @@ refuses to train. Written with `np.savez`, read with `np.load(allow_pickle=False
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -39,6 +40,14 @@ def federation_header(fed: FederatedData) -> dict[str, Any]:
 
 def _client_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if _CLIENT_FILE.fullmatch(p.name)]
+
+
+def _save_partition(handle: BinaryIO, own: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """One client's file: its header (JSON, as a 0-d string array) and its tensors."""
+    # Any: numpy's stub lets `**` reach savez's `allow_pickle: bool`, so named arrays passed
+    # as `**dict[str, ndarray]` do not type-check
+    contents: dict[str, Any] = {"header": np.array(json.dumps(own)), **arrays}
+    np.savez(handle, **contents)
 
 
 def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = False) -> list[Path]:
@@ -70,12 +79,7 @@ def export_partitions(cfg: ExperimentConfig, out: str | Path, force: bool = Fals
             "federation": header,
         }
         arrays = {name: getattr(client, name).cpu().numpy() for name in _TENSORS}
-        atomic_write(
-            path,
-            lambda h, own=own, arrays=arrays: np.savez(
-                h, header=np.array(json.dumps(own)), **arrays
-            ),
-        )
+        atomic_write(path, functools.partial(_save_partition, own=own, arrays=arrays))
         paths.append(path)
     for stale in set(earlier) - set(paths):
         stale.unlink()  # an earlier export's clients beyond this one's

@@ -69,7 +69,7 @@ class ReplyValidator:
         """The reason a reply is malformed, or None."""
         if num_examples < 0:
             return f"num_examples is negative ({num_examples})"
-        arrays, message = flat(records), flat(message)
+        arrays, message_arrays = flat(records), flat(message)
         for name, value in arrays.items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
@@ -81,8 +81,8 @@ class ReplyValidator:
                         f"array '{name}' is {_describe(value.shape, value.dtype)}, "
                         f"the model's weight is {_describe(shape, dtype)}"
                     )
-            elif name in message:
-                sent = message[name]
+            elif name in message_arrays:
+                sent = message_arrays[name]
                 if (
                     value.dtype != sent.dtype
                     or value.shape[1:] != sent.shape[1:]

@@ -120,7 +120,7 @@ def data_fingerprint(cfg: ExperimentConfig) -> str:
 
 def state_key(config: str) -> str:
     """Where a client keeps its state in `Context.state`: one key per experiment, so
-    experiments sharing a simulation session (`engine.run_simulations`) never mix states."""
+    experiments sharing a simulation session (`simulation.run_simulations`) never mix states."""
     return f"{STATE}.{hashlib.sha256(config.encode()).hexdigest()[:12]}"
 
 
@@ -134,3 +134,11 @@ def task(kind: str, server_round: int, client: int, config: str, mode: str = "")
             "mode": mode,
         }
     )
+
+
+def task_int(task: ConfigRecord, key: str) -> int:
+    """An integer field of a task (`round`, `client`); a list there is refused."""
+    value = task[key]
+    if isinstance(value, list):
+        raise ValueError(f"the task's '{key}' is a list, not an integer")
+    return int(value)
