@@ -1,33 +1,7 @@
-"""APFL (Deng, Kamani & Mahdavi, 2020): adaptive personalized federated learning.
+"""APFL: a personal model mixed with the global one by a per-client learned alpha.
 
-Y. Deng, M. M. Kamani, M. Mahdavi. Adaptive Personalized Federated Learning.
-arXiv:2003.13461, 2020.
-
-Each client keeps a personal model v and a mixing weight alpha in [0, 1]; its personalized
-model is the mixture  v_bar = alpha * v + (1 - alpha) * w  of v and the global model w. At every
-local step, on the same batch (Algorithm 1 of the paper):
-
-    w     <- w - eta * grad f(w)                       (the client's copy of the global model)
-    v     <- v - eta * grad_v f(v_bar) = v - eta * alpha * grad f(v_bar)
-    alpha <- alpha - eta_alpha * <v - w, grad f(v_bar)>, clipped to [0, 1]
-
-with both gradients taken at the step's starting point. The server averages the w's by sample
-count (FedAvg); the global model is w. alpha adapts to how much the client gains from its own
-model: it grows while moving towards v lowers the loss of the mixture.
-
-Defaults: alpha starts at 0.5 (the authors' code default) and is adapted (`adaptive`; the paper
-also reports fixed alpha in {0.25, 0.5, 0.75}); eta_alpha is the training learning rate (the
-paper uses one step size for all three updates).
-
-Decisions:
-- alpha is updated at every local step, as in Algorithm 1 (the authors' code updates it once
-  per round, with an extra 0.02 * alpha term that the paper does not have).
-- The mixture's BatchNorm statistics are v's buffers, updated by the mixture's forward passes;
-  w's buffers are updated by w's own forward passes and averaged with w.
-- A client's v starts as the global model it receives in its first round; v and alpha stay in
-  its state (records `"personal"`: v's parameters, `"buffers"`: v's buffers, `"alpha"`). The optimizer of `train` (momentum, weight decay) applies to w and v alike; alpha
-  takes plain gradient steps.
-- The evaluated mixture uses the current global model: alpha * v + (1 - alpha) * w_global.
+Paper: Deng, Kamani & Mahdavi, Adaptive Personalized Federated Learning, arXiv 2020.
+See docs/algorithms/apfl.md.
 """
 
 from __future__ import annotations

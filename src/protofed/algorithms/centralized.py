@@ -1,9 +1,7 @@
-"""Centralized training: one model on all clients' pooled training data.
+"""Centralized training: one model on all clients' pooled data (upper reference).
 
-The upper reference for a global model (no federation, no heterogeneity): as in the
-"centralized" rows of FedAvg (McMahan et al., AISTATS 2017) and most pFL papers. With
-`pools_data` set, the runtime presents one pooled client per round, whose training set is
-the union of every client's; evaluation is still per client, with the one model.
+Paper: No paper of its own (the "centralized" rows of FedAvg, McMahan et al., AISTATS 2017).
+See docs/algorithms/centralized.md.
 """
 
 from __future__ import annotations

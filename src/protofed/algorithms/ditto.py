@@ -1,11 +1,7 @@
-"""Ditto (Li et al., ICML 2021): a global model by FedAvg, plus a regularized personal model.
+"""Ditto: a FedAvg global model plus per-client models pulled toward it.
 
-Each selected client (1) trains the received global model w as FedAvg does and sends it
-back, and (2) trains its personal model v, kept in its state, on  CE(v) + lam/2 *
-||v - w||^2,  where w is the global model received this round (Algorithm 1 of the paper).
-The paper tunes lambda over {0.01, 0.1, 1, 2}; the default here is 0.1. A client's personal
-model starts from the global model it receives in its first round (the initial weights when
-every client takes part in round 1). Evaluation uses v; the global model is the server's w.
+Paper: Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021.
+See docs/algorithms/ditto.md.
 """
 
 from __future__ import annotations

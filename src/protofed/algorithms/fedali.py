@@ -1,40 +1,8 @@
-"""FedAli (Ek et al., "FedAli: Personalized Federated Learning Alignment with Prototype Layers
-for Generalized Mobile Services"; section 4, algorithms 1 and 2; official code
-getalp/FedAli).
+"""FedAli: ALP layers with local and global prototypes; server K-means of the local ones.
 
-The model carries ALP layers (protofed/nn/alp.py; `model.alp.enabled=true` with `hart` or
-`vit_tiny`). Each round:
-- down: the global weights (GLU included), every layer's global prototypes, and the round's
-  beta and gamma (scalar buffers of the layers);
-- client: loads them plus its own local prototypes (its runtime state; the model's seeded
-  initial bank before its first round), trains (the ALP layers update the local prototypes
-  by EMA as they go), and sends up its trained weights and its local prototypes, never the
-  global ones; it keeps its local prototypes;
-- server: the sample-weighted mean of the weights (`Algorithm.average`: the config's
-  `aggregation` rule), and per ALP layer K-means
-  with G clusters over all clients' local prototypes stacked, started at their sample-weighted
-  average (`protofed.prototypes.kmeans`, one run); the centroids are the next global
-  prototypes.
-
-Evaluation: a client's personalized model is the global weights with its own local
-prototypes (the ALP layers infer with the local bank). The global model is the global
-weights with the global prototypes in both banks (the server has no local memory; this is
-settled here, the paper does not say which bank its global score uses).
-
-Settled here (also in docs/results/fedali.md):
-- beta = 0 in the first round (as the official code; the paper writes 0.2 throughout), then
-  `beta`; `first_round_beta` sets it. Local prototypes still move by EMA in that round.
-- Local training hyperparameters (Adam 1e-4, 5 local epochs, batch 64) are the paper's and
-  live in the configs (`train.*`), not here.
-- K-means runs `kmeans_iters` Lloyd iterations at most (scikit-learn's default 300; the
-  paper does not say) with scikit-learn's tolerance (1e-4), one run from the weighted
-  average, as the official code (sklearn `KMeans(init=average, n_init=1)` on float32 banks).
-  `kmeans_backend="torch"` (default) runs those iterations as `prototypes.lloyd`: float32,
-  and a point whose distance to its centroid is under half that centroid's distance to
-  every other skips the distance matrix (exact). The clients' banks are near-copies of one
-  another, so this costs a few N x d passes instead of 61k x 2048 distances (measured by
-  benchmarks/fedali_server_step.py; "sklearn" gives the float64 reference). No warm start
-  from the previous round's global prototypes: the paper and the code start at the average.
+Paper: Ek et al., FedAli: Personalized Federated Learning Alignment with Prototype Layers for
+Generalized Mobile Services, 2024 (official code getalp/FedAli).
+See docs/algorithms/fedali.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""FedAvg (McMahan et al., AISTATS 2017): local SGD, then the sample-weighted mean of models."""
+"""FedAvg: local SGD, then the sample-weighted mean of the models.
+
+Paper: McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data,
+AISTATS 2017.
+See docs/algorithms/fedavg.md.
+"""
 
 from __future__ import annotations
 

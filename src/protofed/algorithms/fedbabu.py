@@ -1,29 +1,8 @@
-"""FedBABU (Oh, Kim & Yun, ICLR 2022): train and share only the body; fine-tune to personalize.
+"""FedBABU: train and share only the body under a fixed head; fine-tune to personalize.
 
-J. Oh, S. Kim, S.-Y. Yun. FedBABU: Toward Enhanced Representation for Federated Image
-Classification. ICLR 2022.
-
-During federated training the head (the last linear classifier) keeps its random initial
-weights on every client and is never updated; clients train only the body, and the server
-averages the bodies by sample count. With one fixed head shared by all, local updates cannot
-pull client heads apart, and the body has to carry the representation. To personalize, each
-client fine-tunes the global model on its own training data for `finetune_epochs` (tau_f = 5 in
-the paper, with the training learning rate). The global model is the averaged body with the
-fixed head.
-
-Decisions:
-- What is fine-tuned, `finetune`: "full" (default: body and head together, the fine-tuning of
-  the paper's personalization experiments) or "head" (the head alone, body frozen, the variant
-  the abstract describes), or "body".
-- Where fine-tuning runs: it needs the client's data, which the evaluation does not have, so it
-  runs in `fit`. Every round a client trains, it also fine-tunes the model it received (the
-  global model of the previous round), on its training split with its seeded generator, and
-  keeps the result as its state (record `"personal"`): the personalized model is "what fine-tuning would give if
-  training stopped now", deterministic given the seed, at the cost of `finetune_epochs` more
-  epochs per client and round (the paper fine-tunes once, at evaluation time). A client that
-  never trained is evaluated with the global model. `finetune_epochs=0` skips it.
-- Only the body is sent and received (the head never changes, so every client holds the
-  initial one); BatchNorm statistics of the body travel with the body.
+Paper: Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification,
+ICLR 2022.
+See docs/algorithms/fedbabu.md.
 """
 
 from __future__ import annotations

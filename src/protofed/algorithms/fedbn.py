@@ -1,28 +1,8 @@
-"""FedBN (Li et al., ICLR 2021): federated learning with local batch normalisation.
+"""FedBN: FedAvg whose BatchNorm layers stay with each client.
 
-X. Li, M. Jiang, X. Zhang, M. Kamp, Q. Dou. FedBN: Federated Learning on Non-IID Features via
-Local Batch Normalization. ICLR 2021.
-
-FedAvg, except that every BatchNorm layer stays with its client: its affine parameters (weight,
-bias) and its running statistics (mean, variance, batch count) are trained and kept locally and
-never sent, so they are never averaged. Everything else is sent and averaged by sample count.
-Clients whose features are distributed differently (other sensors, other people, other image
-domains) each normalise with their own statistics. FedBN has no hyperparameters of its own.
-
-Decisions:
-- A BatchNorm layer is recognised by its running statistics: every `P.running_mean` in the
-  model's state names the layer `P`, whose `weight`, `bias`, `running_mean`, `running_var` and
-  `num_batches_tracked` are local. (A BatchNorm built with `track_running_stats=False` has no
-  statistics to keep; such layers are not supported.)
-- A model without BatchNorm is a configuration error (FedBN would silently be FedAvg): use
-  `resnet18`, `cnnbn` or `cnn1dbn`.
-- A client's BatchNorm layers (its state's record `"batchnorm"`) start from the initial
-  model's in its first round, and a client that has never trained is evaluated with them (the
-  paper has every client in every round).
-  With partial participation a client's BatchNorm layers are as old as its last round, while
-  the shared weights move on every round: FedBN is meant for full participation.
-- No global model: the server's averaged weights have no normalisation layers of their own to
-  run with (the paper evaluates each client's model only).
+Paper: Li et al., FedBN: Federated Learning on Non-IID Features via Local Batch Normalization,
+ICLR 2021.
+See docs/algorithms/fedbn.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
-"""FedCLAR (Presotto et al., PerCom 2022): FedAvg until the global model is stable, then clusters
-of similar clients, one FedAvg model per cluster, and local fine-tuning.
+"""FedCLAR: FedAvg, then clusters of similar clients, per-cluster FedAvg, local fine-tuning.
 
-R. Presotto, G. Civitarese, C. Bettini. FedCLAR: Federated Clustering for Personalized
-Sensor-Based Human Activity Recognition. IEEE PerCom 2022, 227-236.
-
-1. Rounds 1 .. `cluster_round`: FedAvg.
-2. In `cluster_round` the server compares the clients it just received: the cosine distance
-   between their last layer's weights (the classifier head, the part of a HAR model where users'
-   ways of performing activities differ most), and groups them by hierarchical agglomerative
-   clustering cut at the distance `threshold`.
-3. From then on every cluster is its own federation: its members receive the cluster's model
-   and the server replaces it with the sample-weighted mean of its members' replies.
-4. Each client fine-tunes the model it receives on its own data for `finetune_epochs` (FedSub
-   uses 1): that is its personalized model.
-
-Decisions (record of what the papers leave open):
-- `cluster_round` defaults to the middle of training (FedSub clusters at round 160 of 300 "when
-  the global model is stable"); `threshold` = 1e-4 is the value FedSub's grid search chose, here
-  a cosine distance between head weights (models one local epoch apart from the same global
-  model have distances of that order).
-- Linkage: average (`linkage` selects complete or single). Every cluster, a single client
-  included, gets its own model. Clients not sampled in `cluster_round` stay in group 0, which
-  keeps the global model and goes on training it by FedAvg among themselves.
-- Fine-tuning happens every round in which a client trains, from the model it received, so the
-  personalized model at any round is "what fine-tuning would give if training stopped now" (the
-  paper fine-tunes once, at the end). It costs `finetune_epochs` more epochs per client.
-- The server state holds one model per group, in the records `group.<g>`, and the
-  client-to-group map, the record `assign`. There is no global model once clusters exist, so
-  none is reported. A client keeps its fine-tuned model in its state (record `personal`).
-- Under a robust `aggregation` rule each group is combined, and norm-checked against the model
-  its members were sent, on its own; the server metrics sum the groups' counts.
+Paper: Presotto, Civitarese & Bettini, FedCLAR: Federated Clustering for Personalized Sensor-Based
+Human Activity Recognition, IEEE PerCom 2022.
+See docs/algorithms/fedclar.md.
 """
 
 from __future__ import annotations

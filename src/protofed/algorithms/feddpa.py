@@ -1,74 +1,9 @@
-"""FedDPA (Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning
-with Non-IID Data, Electronics 14(16) 3286, 2025): a global model trained with prototype
-alignment whose strength adapts to each client's heterogeneity, aggregated in two levels over
-groups of similar clients, with the global prototypes pulled apart by a margin on the server.
+"""FedDPA: a global model with adaptive prototype alignment, grouped (hierarchical)
+aggregation and margin-separated global prototypes.
 
-Round t, client k (Algorithm 1, section 4.1-4.2):
-1. loads the global model w_g and the global prototypes P^g it receives;
-2. computes its local prototypes P_i^k (eq. 2: mean embedding of class i over its training
-   split) with the received model, and Het_k = mean over classes i of ||P_i^k - P_i^g||
-   (eq. 5), and lambda_k = alpha + beta * Het_k (eq. 4);
-3. trains w on  CE + lambda_k * ||P^k - P^g||^2  (eq. 3), P_i^k being the class means of
-   each mini-batch (`_prototype_losses`, target "class_mean"), the squared distance averaged
-   over the batch's classes and the embedding's dimensions (see below);
-4. sends its trained weights, its prototypes computed with them, and its class counts.
-Server (Algorithm 2, section 4.3-4.4):
-5. groups the round's clients by K-means on their prototypes (`num_groups` groups);
-6. the group's mean of weights and of prototypes (eq. 6, 8), then the mean of the groups
-   (eq. 7, 9): every group weighs the same, whatever its size;
-7. refines the global prototypes by gradient descent on
-   L_contrast = L_align + lambda * L_sep, with L_align = 1/N sum_k sum_i ||P_i^k - P_i^g||^2
-   (eq. 10) and L_sep = 1/(C(C-1)) sum_{i != j} max(m - ||P_i^g - P_j^g||, 0) (eq. 11);
-8. sends w_g and P^g to the next round's clients. The global model (the metric of the
-   paper) is w_g with its own classifier head; personalization scores are the global model
-   on each client's test split, since FedDPA has no personal model.
-Ablations (section 6): `adaptive=false` (lambda_k fixed), `hierarchical=false` (one flat
-average), `contrastive=false` (the averaged prototypes are used as they are).
-
-Ambiguities settled here (docs/results/feddpa.md lists them too):
-- Het_k (eq. 5) is printed as a mean of ||.||^2 while the text says "average distance"; the
-  notes settle on the distance (`heterogeneity="distance"`); `"squared"` is the printed form.
-  The mean runs over the classes the client has that have a global prototype (eq. 5's 1/C
-  over all C classes would count classes the client lacks).
-- Het_k is computed once per round, before local training, from the prototypes of the model
-  the client received (Algorithm 1 computes prototypes before the local update); lambda_k is
-  constant during the round. The prototypes sent up are recomputed after training (eval mode,
-  whole training split), so they live in the space of the weights sent with them.
-- Eq. 3 sums squared distances over classes (`reg_reduction="sum"`). With the paper's alpha
-  and beta (lambda_k about 0.3-0.4 in round 2) that term is 10^4 times the cross-entropy on
-  CIFAR-10 with `cnn` (512-d embedding) and local training diverges (mean local loss 45,089
-  vs 1.81, docs/results/feddpa.md). The default is the squared error averaged per class and
-  dimension (`"mean"`, as FedProto's official code computes its ||.||^2 with nn.MSELoss):
-  the same minimiser, at a scale the paper's alpha and beta train with.
-- Algorithm 2 initialises P^g = 0; regularising towards the origin in round 1 only shrinks the
-  embeddings, so by default the first round has no global prototypes and no regulariser
-  (`initial_prototypes="zeros"` is the literal reading). A class none of the round's clients
-  has keeps its previous global prototype.
-- Groups: K-means (k-means++, 10 restarts, seed from the config's seed and the round) over the
-  round's participants, each described by its prototypes of all classes concatenated; a class
-  a client lacks is filled with the round's mean prototype of that class
-  (`missing_class="mean"`: lacking a class says nothing about similarity) or with zeros
-  ("zero": clients then group by which classes they have). The paper names M = 10 groups for
-  K = 100 clients but clusters "the clients" without saying which; with 10 participants per
-  round, 10 groups would make every group one client, so the default is 3 groups of the
-  round's participants; `num_groups=0` chooses 2..n-1 by the Davies-Bouldin score.
-- Within a group the means are unweighted (eq. 6 and 8: 1/N), `group_weighting="samples"`
-  weights by examples (weights) and class counts (prototypes); a group's class-i prototype
-  averages only the members that have class i, and the global one only the groups that have it.
-- Without hierarchical aggregation ("all client updates sent directly to the global server
-  for a single-step averaging"): FedAvg's sample-weighted mean of the weights and the
-  count-weighted mean of the prototypes.
-- Without adaptive regularisation ("a fixed, non-adaptive value"): lambda = `fixed_lambda`,
-  by default alpha (the Het term removed). Clients report their lambda_k and the server
-  reports the round's mean as its metric `lambda_mean` (metrics.jsonl, `server`), so a run
-  can be repeated with `fixed_lambda` at the
-  adaptive run's mean. Het_k costs one extra forward pass over the client's training split.
-- The contrastive step changes only the prototypes: L_contrast has no term in the model's
-  weights (the server has no data), so "update global model" acts through the prototypes the
-  next round's clients are pulled to. The paper gives no optimiser: `align_steps` steps of
-  gradient descent with `align_lr`, from the aggregated prototypes. In L_align N is the
-  number of the round's clients and each sums over its own classes; L_sep runs over the
-  classes that have a global prototype.
+Paper: Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning with
+Non-IID Data, Electronics 14(16) 3286, 2025.
+See docs/algorithms/feddpa.md.
 """
 
 from __future__ import annotations

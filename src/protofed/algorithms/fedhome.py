@@ -1,36 +1,8 @@
-"""FedHome (Wu et al., IEEE TMC 2022): FedAvg, then per-client fine-tuning on a class-balanced
-set of embeddings completed with SMOTE synthetic samples.
+"""FedHome: FedAvg, then per-client head fine-tuning on SMOTE-balanced embeddings.
 
-Q. Wu, X. Chen, Z. Zhou, J. Zhang. FedHome: Cloud-Edge Based Personalized Federated Learning
-for In-Home Health Monitoring. IEEE Trans. Mobile Computing 21(8), 2022.
-
-FedHome learns a shared model in the cloud by FedAvg. Once that model is stable, each client
-maps its training data to the model's low-dimensional representation (the body's embedding),
-balances the classes there with SMOTE (Chawla et al. 2002): every minority class is topped up to
-the size of the largest with points on segments between a sample and one of its k nearest
-neighbours of the same class, x + u * (x_nn - x), u ~ U(0, 1); then fine-tunes the classifier
-on that balanced set. Imbalanced in-home data stop biasing the personal model towards the
-frequent classes.
-
-Here the last `finetune_rounds` rounds are the personalization phase (FedSub and ProtoHAR, which
-compare against FedHome, start it 50 rounds before the end): in them the global model no longer
-changes, and each sampled client builds its balanced embedding set with the received global
-body and trains its own head on it for `finetune_epochs`, continuing from its head of earlier
-phase rounds (the global head at first). Its personalized model is the global body plus that
-head; the global model is the FedAvg model.
-
-Decisions:
-- The synthetic samples are drawn afresh, with the client's seeded generator, each time the
-  client fine-tunes (the re-implementation in ProtoHAR's code draws them once); the embeddings
-  themselves do not change, because the body is frozen in this phase.
-- SMOTE is implemented here (a few tensor operations): base samples uniformly with replacement,
-  a neighbour uniformly among the k nearest (Euclidean) of the same class, k = min(k, n_c - 1).
-  A class with a single sample cannot be interpolated and keeps only its sample; ProtoHAR's
-  code drops every class with at most k samples from the fine-tuning set, which makes the head
-  forget them.
-- The original FedHome learns the representation with a generative convolutional autoencoder;
-  here the representation is the body of whatever model is configured.
-- Only sampled clients fine-tune in a round (the re-implementation fine-tunes every client).
+Paper: Wu et al., FedHome: Cloud-Edge Based Personalized Federated Learning for In-Home Health
+Monitoring, IEEE TMC 2022.
+See docs/algorithms/fedhome.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
-"""FedNH (Dai et al., AAAI 2023): class prototypes spread uniformly on the hypersphere, then
-smoothly infused with class semantics by the server.
+"""FedNH: a cosine head of uniformly spread class prototypes, moved by the server with
+momentum.
 
-Y. Dai, Z. Chen, J. Li, S. Heinecke, L. Sun, R. Xu. Tackling Data Heterogeneity in Federated
-Learning with Class Prototypes. AAAI 2023.
-
-The head is a cosine classifier over the class prototypes P (unit rows): logits = s * <f/||f||,
-p_c>, with a scaling s. The server starts P uniformly spread on the unit sphere (so classes that
-few clients have cannot collapse onto each other) and keeps P fixed during local training:
-clients train only the body (and s). After local training a client sends, for every class it
-has, the mean of its normalised embeddings, normalised again, and the class count. The server
-averages the bodies, merges the class means weighted by the counts, normalises, and moves P
-smoothly towards them:
-    P_c <- normalize(rho * P_c + (1 - rho) * normalize(sum_i n_ic mu_ic / sum_i n_ic)),
-rho = 0.9; a class no client of the round has keeps its prototype.
-
-How it runs as an ordinary model: the model's own linear head holds W = P and b = 0. Because s
-> 0 and ||f|| is the same for every class, argmax_c s * cos(f, p_c) = argmax_c <f, p_c>, so the
-evaluation loads the weights and predicts exactly as the cosine classifier does; training uses
-the cosine logits directly (`cosine_logits`).
-
-Decisions:
-- Uniform initialisation: the paper asks for prototypes whose largest pairwise cosine is as
-  small as possible. For C <= D classes that optimum is known in closed form, the regular
-  simplex (every pairwise cosine -1/(C-1)), used here exactly; for C > D it is approximated by
-  projected gradient descent on a log-sum-exp of the pairwise cosines (a smooth maximum) from a
-  start drawn with the config's seed. The authors' code uses a random orthogonal matrix (pairwise cosine 0);
-  `init="orthogonal"` gives orthonormal rows (C <= D).
-- s is learnable from `scale` = 1.0 (the authors' default for CNNs; `learn_scale=false` fixes
-  it, their optional setting uses 30) and averaged with the body.
-- Bodies and s are averaged by sample count, as FedAvg here (the authors' server uses equal
-  weights per participant).
-- The personalized model is the model after the client's last local training (the authors'
-  "PM"); the global model is the server's body with the current prototypes.
-- The authors clip gradients to norm 10; the training loop here does not clip.
+Paper: Dai et al., Tackling Data Heterogeneity in Federated Learning with Class Prototypes,
+AAAI 2023.
+See docs/algorithms/fednh.md.
 """
 
 from __future__ import annotations

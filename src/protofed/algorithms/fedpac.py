@@ -1,45 +1,8 @@
-"""FedPAC (Xu et al., ICLR 2023): feature alignment to global prototypes and classifier
-collaboration with per-client combination weights.
+"""FedPAC: feature alignment to global prototypes and per-client classifier combination.
 
-J. Xu, X. Tong, S.-L. Huang. Personalized Federated Learning with Feature Alignment and
-Classifier Collaboration. ICLR 2023.
-
-Client, each round (the update it shares with ProtoHAR, `_decoupled.head_then_aligned_body`):
-train the classifier head for `head_epochs` (1) with the body frozen, then the body for
-`body_epochs` with the head frozen on CE + lam * mse(f(x), c_y), c_y the global prototype of
-the sample's class (lam = 1). It sends the body, its head, its class prototypes and counts, and
-the scalar feature variance V_i below.
-
-Server: the global body is the sample-weighted mean of the bodies; the global prototype of a
-class is the count-weighted mean of the clients' prototypes. Classifier collaboration: with
-pi_i the label distribution of client i and mu_i its class means, h_i = (pi_ik mu_ik)_k is the
-feature-label statistic a linear head is fit to, and
-    V_i = (sum_k pi_ik E_k||f||^2 - ||h_i||^2) / n_i
-the variance of its sample estimate. Client i's new head is sum_j alpha_ij phi_j over the round's
-clients j, with alpha_i minimising the estimated bias + variance of the combined statistic:
-    min_{alpha in simplex}  ||sum_j alpha_j h_j - h_i||^2 + sum_j alpha_j^2 V_j
-                          = alpha^T (G_i + diag(V)) alpha,   (G_i)_jk = <h_j - h_i, h_k - h_i>,
-a convex quadratic program on the probability simplex (the paper's eq. 10 with its statistics).
-
-Decisions:
-- How the QP is solved: Q = Z^T Z with Z's columns z_j = (h_j - h_i, sqrt(V_j) e_j), so the
-  problem is the minimum-norm point of the convex hull of the z_j, which Wolfe's algorithm
-  solves exactly in finitely many steps from Q alone (`simplex_qp`, at most `qp_iters` major
-  steps). The authors call cvxpy; this needs no solver dependency, and unlike projected gradient
-  it stays exact when Q is badly conditioned (statistics of very different scales). Weights
-  below `min_weight` (the authors' 1e-3) are set to zero and the rest renormalised.
-- The combined head is sent to client i in its next round (the authors write it into the
-  client's model at once); until a client has one, it uses its own head (the initial head
-  before its first round). Its personalized model is the received body plus that head.
-- The statistics and prototypes are computed after local training, in eval mode.
-- Classes without a global prototype add nothing to the alignment term (the authors align them
-  to the client's own pre-training prototype, a near-zero pull); prototypes of classes no
-  client of the round has are dropped for the next round, as in the authors' code.
-- Head learning rate: `head_lr` (None: train.lr; the authors' code uses 0.1 for the head). The
-  authors' SGD momentum 0.5 and weight decay 5e-4 are `train.*` settings here.
-- There is no global model: the server holds a body and per-client heads, no shared head.
-- Prototypes travel as `pack_prototypes` rows (only present classes), so the bytes counted
-  are the bytes needed.
+Paper: Xu, Tong & Huang, Personalized Federated Learning with Feature Alignment and Classifier
+Collaboration, ICLR 2023.
+See docs/algorithms/fedpac.md.
 """
 
 from __future__ import annotations

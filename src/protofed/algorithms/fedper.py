@@ -1,9 +1,7 @@
-"""FedPer (Arivazhagan et al., 2019): federated base layers, personalized head.
+"""FedPer: federated base layers, personalized head.
 
-Clients train the whole model locally, but only the base layers (here the `features` body)
-are sent and averaged; each client keeps its classifier head. The client's model is the
-received body plus its own head. There is no global model: the averaged feature extractor
-alone cannot classify, and no head is shared to pair it with.
+Paper: Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818, 2019.
+See docs/algorithms/fedper.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,7 @@
-"""FedProto (Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients,
-AAAI 2022): clients exchange class prototypes, never model weights.
+"""FedProto: clients exchange class prototypes, never model weights.
 
-Each round, client i
-1. trains its own model (kept in its state; FedProto shares no weights) on
-   CE + lam * mean over samples of ||f(x) - C_bar^(y)||^2 / D   (eq. 8; `_prototype_losses`),
-   where C_bar are the global prototypes the server sent (classes without one add nothing;
-   in round 1 there are none, so the loss is CE);
-2. sends its local prototypes C_i^(j) = mean of f(x) over its class-j training samples
-   (eq. 4), with the class counts, only for the classes it has.
-The server's global prototype of class j is the count-weighted mean of the clients' class-j
-prototypes (eq. 6) and goes down to every client. Inference (section "Inference"): the class
-of the nearest global prototype to f(x), expressed as weights: the personal model with its
-head replaced by the linear head W = 2C_bar, b = -||C_bar||^2 (`nearest_prototype_head`), so
-the evaluation protocol runs it as any other model.
-
-Ambiguities settled here (docs/results/pfpl.md lists them too):
-- Eq. 6 prints (1/|N_j|) * sum_i (|D_ij| / N_j) C_i^(j), whose two normalisations shrink the
-  prototype by |N_j|; read as the count-weighted mean (`weighting="count"`). The authors'
-  code takes the unweighted mean over clients: `weighting="uniform"`.
-- The distance is the mean squared error over the embedding's D dimensions (the official
-  code's nn.MSELoss), so lam is per dimension; lam = 1 is the official default.
-- Local prototypes are computed after local training, in eval mode, over the whole training
-  split (eq. 4); the official code averages the training-mode embeddings of the last epoch.
-- Inference compares with every class that has a global prototype (the official code's
-  test with global prototypes); a class no client has is never predicted. `inference="head"`
-  evaluates the personal model's own classifier instead (the official code reports both).
-  Before the first aggregation there are no global prototypes and the own head is used.
-- A client trains its personal model from the shared initial weights in its first round.
+Paper: Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022.
+See docs/algorithms/fedproto.md.
 """
 
 from __future__ import annotations

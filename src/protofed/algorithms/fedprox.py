@@ -1,10 +1,7 @@
-"""FedProx (Li et al., MLSys 2020): FedAvg with a proximal term in the local objective.
+"""FedProx: FedAvg with a proximal term in the local objective.
 
-Each client minimizes  CE(w) + mu/2 * ||w - w_global||^2,  where w_global is the model it
-received this round; the server takes the sample-weighted mean, as FedAvg. The paper tunes
-mu over {0.001, 0.01, 0.1, 1}; the default here is 0.01. (The paper's other ingredient,
-tolerating partial work from stragglers, has no counterpart in a simulation where every
-selected client finishes its epochs.)
+Paper: Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020.
+See docs/algorithms/fedprox.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""FedRep (Collins et al., ICML 2021): shared representation, local heads, trained in turn.
+"""FedRep: shared representation, local heads, trained in turn.
 
-Each round a client loads the received body and its own head, trains the head alone for
-`head_epochs` with the body frozen, then the body alone for `body_epochs` with the head
-frozen. Only the body is sent and averaged; the head stays with the client. The paper uses
-10 epochs for the head and fewer (typically 1) for the representation; here the body
-defaults to `train.local_epochs`. No global model: a body without a head cannot classify.
+Paper: Collins et al., Exploiting Shared Representations for Personalized Federated Learning,
+ICML 2021.
+See docs/algorithms/fedrep.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
-"""FedRoD (Chen & Chao, ICLR 2022): a generic model trained with a balanced loss, plus a
-personal head on top of it.
+"""FedRoD: a generic model trained with balanced softmax plus a personal head.
 
-H.-Y. Chen, W.-L. Chao. On Bridging Generic and Personalized Federated Learning for Image
-Classification. ICLR 2022.
-
-Two predictors share one body f:
-- the generic model, body f plus generic head h_G, is trained by every client with the
-  balanced softmax loss (Ren et al. 2020): cross-entropy on h_G(f(x)) + log p_i, with p_i the
-  client's class prior (its training label distribution). Shifting the logits by the log prior
-  makes each client's objective an estimate of the class-balanced risk, the same for every
-  client whatever its label skew, so averaging the generic models is consistent. It is sent
-  and averaged by sample count, as FedAvg, and is the global model.
-- the personal head h_P stays with the client and is trained on the empirical risk of the
-  combined output, cross-entropy on h_G(z) + h_P(z), with the body and the generic head fixed
-  for it (gradients are stopped at z and at h_G(z)). The personalized prediction is
-  h_G(z) + h_P(z).
-
-Both losses are minimised in the same steps (their gradients touch disjoint parameters).
-
-Decisions:
-- The personal head is linear, the same shape as the generic head ("FedRoD (linear)"; the
-  paper's hypernetwork variant is not implemented). Two linear heads on the same z sum to one
-  linear head, so the client's model is the body with head weights W_G + W_P and bias
-  b_G + b_P: an ordinary model the evaluation can load.
-- The personal head (the client state's record `"head"`, under the model's head names)
-  starts at zero, so that before its first training the personalized model is the generic one.
-- A class absent from the client's training data has prior 0, so its balanced logit is -inf:
-  it gets no probability and no gradient from that client (as log of a zero count in the
-  balanced softmax); the generic head learns those classes from the clients that have them.
-- No hyperparameters: the linear variant has none beyond the training config.
+Paper: Chen & Chao, On Bridging Generic and Personalized Federated Learning for Image
+Classification, ICLR 2022.
+See docs/algorithms/fedrod.md.
 """
 
 from __future__ import annotations

@@ -1,54 +1,8 @@
-"""FedSub (Campana and Delmastro, 2025): class-aware subnetworks fused per prototype cluster.
+"""FedSub: class-aware subnetworks fused per class-prototype cluster.
 
-Paper: "FedSub: Introducing class-aware Subnetworks Fusion to Enhance Personalized Federated
-Learning in Ubiquitous Systems" (section 3, Algorithms 1-3, equations 1-7). No official code
-is public; this follows the text.
-
-Client, each round (Algorithm 1): train E epochs from the model the server fused for it; the
-prototype of class y is the mean of the class's *input* feature vectors (not embeddings); the
-subnetwork of class y is, for each of the first L layers, which parameters the class's samples
-activate. It sends its prototypes (with class counts and per-class training accuracy), its
-weights of the first L layers, and one activation mask per class and parameter.
-
-Server (Algorithms 2 and 3): (1) a missing prototype of client u for class l is the
-similarity-weighted mean of class l's prototypes of the n clients most similar to u among
-those that have l (similarity = mean cosine over shared classes, eq. 1-2); (2) per class,
-K-means over the clients' (real or predicted) prototypes, k chosen by the Davies-Bouldin
-score; (3) per class cluster, the members' subnetworks are fused (Cluster AVG, eq. 3; Cluster
-Leadership, eq. 5; Overlapping Components, eq. 6), and a client's update is the element-wise
-mean of the fused subnetworks of the clusters it belongs to (eq. 4, 5, 7). Each client gets
-its own update (`configure` sends client i its fused layers).
-
-Partial (the paper's best, the default): only the first L layers form subnetworks and are
-fused; later layers (the classifier) stay on the client. Full: every layer.
-
-Decisions the paper leaves open (also in docs/results/fedsub.md):
-1. "Activated parameter" of a Linear layer: weight w_ij is active for a sample when output
-   unit i is active (pre-activation > 0, i.e. it passes the ReLU; the output layer has no
-   ReLU, so all its units count as active) and input j is non-zero; bias b_i when unit i is
-   active. A class's averaged activation a_l^y is non-zero, and the parameter belongs to the
-   class subnetwork, when more than `active_fraction` (default 0: any) of the class's
-   samples activate it. The client sends these binary masks (what eq. 6 and 7 use, as
-   A_k^l) and its weights once, instead of C copies of masked weights: the same information.
-2. Parameters outside a fused subnetwork keep the client's own value (they do not become 0):
-   eq. 6-7 write 0 for them, which would erase every inactive weight of the local model.
-3. Fusion within a cluster weights member k by its class count |D_y^k| (eq. 3), normalised
-   over the members that have the element active (Cluster AVG) or over all contributing
-   members (Overlapping Components, where only elements active for all of them are fused).
-   Members whose prototype was predicted have no data and no subnetwork for that class: they
-   receive the cluster's result but contribute nothing and do not restrict the overlap.
-4. Eq. 7 adds the client's own value to the mean of the fused subnetworks, then "the weights
-   are normalised after each update": read as the normalised sum, own_weight * own +
-   (1 - own_weight) * fused with own_weight = 0.5. own_weight = 0 replaces instead.
-5. acc(k, y) for Cluster Leadership is the class accuracy on the client's own training data
-   after local training (the paper does not say which data; test data would leak).
-6. n (neighbours) and the range of k are not given: n = 5, k in 2..max_clusters (8); with
-   fewer than 3 clients for a class they form one cluster. If the n similarities sum to <= 0
-   (cosines of raw feature means can be negative), the plain mean of the n is used.
-7. The paper computes static prototypes once; here every round (they are the same numbers
-   while the data do not change, and clustering identical prototypes is cached).
-8. L: Partial defaults to every layer below the classifier (two hidden layers for the
-   paper's MLP 128-512); `depth` sets it.
+Paper: Campana & Delmastro, FedSub: Introducing class-aware Subnetworks Fusion to Enhance
+Personalized Federated Learning in Ubiquitous Systems, 2025.
+See docs/algorithms/fedsub.md.
 """
 
 from __future__ import annotations

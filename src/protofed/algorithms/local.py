@@ -1,8 +1,7 @@
 """Local training: every client trains only on its own data and never communicates.
 
-The lower reference of personalized FL (the "Local" baseline of e.g. FedPer, Arivazhagan et
-al. 2019, and Ditto, Li et al. 2021): no message goes down, no array goes up, and each
-client's model lives in its state, starting from the shared initial weights.
+Paper: No paper of its own (the lower reference of personalized FL).
+See docs/algorithms/local.md.
 """
 
 from __future__ import annotations

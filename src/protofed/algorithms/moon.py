@@ -1,33 +1,7 @@
-"""MOON (Li, He & Song, CVPR 2021): model-contrastive federated learning.
+"""MOON: FedAvg plus a model-contrastive loss on representations.
 
-Q. Li, B. He, D. Song. Model-Contrastive Federated Learning. CVPR 2021.
-
-FedAvg whose local objective adds a contrastive term on representations:
-
-    loss = CE(w; x, y) + mu * l_con,
-    l_con = -log( exp(sim(z, z_glob) / tau) / (exp(sim(z, z_glob) / tau) + exp(sim(z, z_prev) / tau)) )
-
-with z the representation of x under the model being trained, z_glob under the global model
-the client received this round (the positive pair) and z_prev under the client's own model of
-its previous round (the negative pair); sim is cosine similarity. The term pulls the local
-representation towards the global one and away from where local training drifted last time.
-The server takes the sample-weighted mean, as FedAvg; the global model is that mean, and the
-client's model is the global model (MOON is not a personalization method).
-
-Defaults are the paper's: tau = 0.5; mu = 1 (the paper tunes mu over {0.1, 1, 5, 10}: 1 is
-best on CIFAR-100 and Tiny-ImageNet and is the official code's default, 5 on CIFAR-10;
-FedAli's comparison tuned it to 1 as well). One previous model (the paper's buffer size 1).
-
-Decisions:
-- The representation is the model's embedding (`model.features`, the input of the linear head).
-  MOON's networks add a 2-layer projection head (output 256) for this; protofed's models end
-  their body with a fully connected layer, which plays that role, so no extra head is added.
-- z_glob and z_prev are computed in eval mode (running BatchNorm statistics, no dropout) and
-  without gradient: they are fixed targets of the round.
-- A client's previous model is the model it trained and sent back last time, kept in its state
-  (the record `"previous"`, one model per client). In its first round it has none; the official code then uses the
-  initial global model, for which z_prev = z_glob and l_con = log 2 has zero gradient, so the
-  term is skipped there (the reported loss lacks the constant mu * log 2).
+Paper: Li, He & Song, Model-Contrastive Federated Learning, CVPR 2021.
+See docs/algorithms/moon.md.
 """
 
 from __future__ import annotations

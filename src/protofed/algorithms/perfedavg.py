@@ -1,41 +1,8 @@
-"""Per-FedAvg (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020): FedAvg for a MAML objective.
+"""Per-FedAvg: FedAvg on a MAML objective.
 
-A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized Federated Learning with Theoretical
-Guarantees: A Model-Agnostic Meta-Learning Approach. NeurIPS 2020.
-
-The federation learns a starting point w from which one gradient step on a client's own data
-gives a good model for that client: it minimises the mean over clients of
-F_i(w) = f_i(w - alpha * grad f_i(w)). Each local step of a client, on fresh batches D, D', D'':
-
-    w_tilde = w - alpha * grad f(w; D)                                   (inner step)
-    w       <- w - beta * (I - alpha * H(w; D'')) grad f(w_tilde; D')    (meta step)
-
-Per-FedAvg (HF), the default `variant`, estimates the Hessian-vector product by a finite
-difference,  H(w) g ~ [grad f(w + delta g; D'') - grad f(w - delta g; D'')] / (2 delta);
-Per-FedAvg (FO) drops it (w <- w - beta * grad f(w_tilde; D')) and needs only D and D'. The
-server averages the w's by sample count; the global model is w. A client's personalized model
-is the global model after one step of stochastic gradient descent with step alpha on its own
-data, as in the paper's evaluation.
-
-Defaults: alpha = 0.01, delta = 0.001 (the paper's finite-difference step); beta, the meta step
-size, is `train.lr` (the step that moves the shared model, FedAvg's learning rate; the paper
-and the pFedMe authors' comparison use 0.001).
-
-Decisions:
-- A local epoch has as many meta steps as FedAvg has steps (ceil(n / batch_size)), the
-  paper's comparison at an equal number of local updates; each step draws its 3 (HF: D, D',
-  D'') or 2 (FO) batches from consecutive shuffles of the client's data, so an epoch reads the
-  data 3 (or 2) times.
-- The meta step is applied with the `train` optimizer (plain SGD in the paper; momentum and
-  weight decay apply if configured); the inner step is a plain gradient step.
-- Forward passes run in train mode, so BatchNorm statistics are updated by each of them.
-- The personalization step needs the client's data, so it runs in `fit`: every round a client
-  trains, it also adapts the model it received (one batch drawn with its seeded generator) and
-  keeps the result as its state (record `"personal"`); the evaluation uses it. A client that never trained is
-  evaluated with the global model.
-- ALA plug-in (`algorithm.ala.*`, as the FedALA slides apply it): the local model is the one
-  the client trained and sent back last time; the adapted model is then one step from ALA's
-  aggregate instead of from the global model.
+Paper: Fallah, Mokhtari & Ozdaglar, Personalized Federated Learning with Theoretical Guarantees:
+A Model-Agnostic Meta-Learning Approach, NeurIPS 2020.
+See docs/algorithms/perfedavg.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
-"""pFedMe (T. Dinh, Tran & Nguyen, NeurIPS 2020): personalized models through Moreau envelopes.
+"""pFedMe: personalized models as proximal points (Moreau envelopes) of a shared model.
 
-C. T. Dinh, N. H. Tran, T. D. Nguyen. Personalized Federated Learning with Moreau Envelopes.
-NeurIPS 2020.
-
-Each client's personalized model theta is the proximal point of its loss around its local copy
-w of the global model:  theta(w) = argmin_theta f(theta) + lam/2 * ||theta - w||^2. At every
-local step, on one batch D (Algorithm 1):
-
-    theta <- K gradient steps, size personal_lr, on  f(theta; D) + lam/2 * ||theta - w||^2
-    w     <- w - lr * lam * (w - theta)      (a gradient step on the Moreau envelope of f at w)
-
-The server mixes the sample-weighted mean of the clients' w into its model with weight beta:
-w <- (1 - beta) * w + beta * mean(w_i); beta = 1 is plain averaging, beta > 1 the paper's
-acceleration. The global model is w; a client's personalized model is its latest theta.
-
-Defaults are the paper's MNIST settings for neural networks (the authors' repository):
-lam = 15, K = 5, personal_lr = 0.09, beta = 1; lr is `train.lr` (paper: 0.005).
-
-Decisions:
-- theta and w start as the received model each round; theta carries over from one batch to the
-  next within the round (the K steps start from the previous theta, as the authors' code).
-- A local epoch is one pass over the client's shuffled batches, one outer step per batch.
-- The updates are plain gradient steps, as in the paper: `train.optimizer`, momentum and weight
-  decay do not apply.
-- BatchNorm statistics are updated by theta's forward passes and sent with w (w itself is only
-  ever a set of parameters in the method).
-- The personalized model (theta, with those statistics) is kept in the client's state (record
-  `"personal"`); a client that never trained is evaluated with the global model.
-- ALA plug-in (`algorithm.ala.*`, as the FedALA slides apply it): the local model is the w the
-  client trained and sent back last time; theta and w then start from ALA's aggregate.
+Paper: T. Dinh, Tran & Nguyen, Personalized Federated Learning with Moreau Envelopes, NeurIPS 2020.
+See docs/algorithms/pfedme.md.
 """
 
 from __future__ import annotations

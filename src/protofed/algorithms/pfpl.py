@@ -1,41 +1,8 @@
-"""PFPL (Zeng et al., Personalized federated prototype learning in mixed heterogeneous data
-scenarios, section 3.2 and Algorithm 1): personalized prototypes; only prototypes travel.
+"""PFPL: personalized prototypes from distance-weighted neighbours; only prototypes travel.
 
-Each round, client i
-1. trains its own model (kept in its state; no weights are shared) on
-   CE + lam * R(C_bar_i, f(x))   (eq. 5 and 7; lam = 1, the paper's choice in Fig. 4b),
-   where C_bar_i are its personalized prototypes from the server (none in round 1: CE only);
-2. sends its local prototypes C_i^(k) (eq. 2: the mean embedding of its class-k training
-   samples), only for the classes it has, without counts (PFPL's weights ignore data sizes).
-The server keeps every client's latest local prototypes and builds, per client i and class k
-that i has (eq. 4):
-   C_bar_i^(k) = alpha * C_i^(k) + (1 - alpha) * sum_{m in M(k)} k_im * C_m^(k),
-M(k) = the other clients with class k, and sends client i its own C_bar_i.
-
-Ambiguities settled here (with the notes in shared/notes/methods.md; also in
-docs/results/pfpl.md):
-- k_im: the printed formula, d_im / sum_m d_im with d_im = ||C_i - C_m||^2 (the paper's
-  "L2 distance" is a sum of squares), gives FAR prototypes MORE weight, while the text says
-  same-domain (near) prototypes must weigh more. Default `weights="inverse"`: k_im proportional
-  to 1 / d_im (normalised); `"softmax"`: softmax of -d_im / temperature (default temperature:
-  the mean of that client's d_im, so it is scale-free); `"literal"`: the printed formula.
-- M(k) excludes i itself (its own prototype enters through alpha); a client alone with class
-  k gets C_bar_i^(k) = C_i^(k). Identical prototypes (d = 0) share the weight equally.
-- alpha: the paper's best values are 0.3, 0.5, 0.6 for its three data sets (Fig. 3; Digits
-  first), so the default is 0.3; Office-Caltech's config sets 0.6.
-- R (eq. 5, 7) is written between the personalized prototype and the local prototype C_i^(k),
-  while the text and the objective speak of aligning "local instances" with the prototypes.
-  Default `align="sample"`: the mean squared error between each sample's embedding and its
-  class's personalized prototype (as FedProto, shared `_prototype_losses`);
-  `align="class_mean"`: between the batch's class means (the batch's local prototypes) and
-  the personalized prototypes, eq. 5 literally. Both are per-dimension means (MSE) by
-  default; `reg_reduction="squared_l2"` takes the paper's sum of squares per row instead
-  (D times stronger at the same lam).
-- Local prototypes are computed after local training, in eval mode, on the whole training
-  split; the server uses a client's latest prototypes even in rounds it was not sampled.
-- The paper's decision module g stays the client's own: evaluation uses the personal model
-  (`inference="head"`). `inference="prototype"` classifies by the nearest personalized
-  prototype among the client's own classes instead.
+Paper: Zeng et al., Personalized federated prototype learning in mixed heterogeneous data
+scenarios.
+See docs/algorithms/pfpl.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,8 @@
-"""ProtoHAR (Cheng et al., IEEE JBHI 2023): a global representation guided by global prototypes,
-and a personal classifier.
+"""ProtoHAR: a global body aligned to global prototypes, and a personal classifier.
 
-D. Cheng, L. Zhang, C. Bu, X. Wang, H. Wu, A. Song. ProtoHAR: Prototype Guided Personalized
-Federated Learning for Human Activity Recognition. IEEE J. Biomed. Health Inform. 27(8), 2023.
-
-The model is decoupled into a shared representation (the body) and a local classifier (the
-head). Each round a client
-1. trains its own head for `head_epochs` on the received global body, body frozen ("solving a
-   better classifier" on the global representation, so the local model does not drift);
-2. trains the body for `body_epochs`, head frozen, on CE + lam * mse(f(x), P[y]) with the global
-   prototypes P ("the global prototype corrects the activity feature representation");
-3. sends the body and its class prototypes (the class means of its embeddings).
-The server averages the bodies by sample count and, per class, the prototypes of the clients
-that have the class with equal weights (the authors' code averages per client, not per sample:
-this is what separates it from FedProto's and FedPAC's count-weighted merge). The head never
-leaves the client; there is no global model (a body without a head cannot classify).
-
-Decisions (the paper and the authors' code, cheng-haha/ProtoHAR, read for understanding):
-- Defaults from the authors' run script: lam = 1.0 and one head epoch per round. Their head
-  learning rate is 10x the body's (0.01 vs 0.001); `head_lr` sets it, None is `train.lr`.
-- The distance is the mean squared error (the code's default `--distance MSE`), averaged over the
-  samples whose class has a global prototype (the code also averages in a zero for the others).
-- Prototypes are the class means of the trained body's embeddings in eval mode, computed once
-  after local training; the code accumulates them batch by batch during training (in train
-  mode, with the body still moving). Its optional similarity weighting (`--weighting`, off in
-  the published runs) is not implemented.
-- Before any global prototype exists (round 1) the body is trained with CE only.
-- Prototypes travel as `pack_prototypes` rows: only the classes a client has (or, going
-  down, the classes some client had), so the bytes counted are the bytes needed.
+Paper: Cheng et al., ProtoHAR: Prototype Guided Personalized Federated Learning for Human Activity
+Recognition, IEEE JBHI 2023.
+See docs/algorithms/protohar.md.
 """
 
 from __future__ import annotations
