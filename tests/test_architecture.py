@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "protofed"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "protofed"
 
 
 def _module_name(path: Path) -> str:
@@ -82,3 +83,61 @@ def test_the_documented_layer_diagram_is_the_checked_contract() -> None:
         if line.strip()
     ]
     assert drawn == checked
+
+
+def _layers() -> list[list[str]]:
+    """import-linter's layers, top to bottom, each a list of package names."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    (layers,) = [
+        c["layers"] for c in contract["importlinter"]["contracts"] if c["type"] == "layers"
+    ]
+    return [[name.strip() for name in re.split(r"[|:]", row)] for row in layers]
+
+
+def _layer_of(module: str, layers: list[list[str]]) -> int | None:
+    for index, row in enumerate(layers):
+        if any(module == name or module.startswith(name + ".") for name in row):
+            return index
+    return None
+
+
+def _upward_imports(path: Path, layers: list[list[str]]) -> list[str]:
+    """Every protofed import of a file (TYPE_CHECKING blocks and function bodies included)
+    that reaches a layer above the file's own."""
+    here = _module_name(path)
+    own = _layer_of(here, layers)
+    if own is None:
+        return []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            layer = _layer_of(target, layers)
+            if layer is not None and layer < own:
+                found.append(f"{here}:{node.lineno} imports {target}")
+    return found
+
+
+def test_no_import_runs_up_a_layer_not_even_for_type_checking() -> None:
+    """import-linter skips TYPE_CHECKING imports (exclude_type_checking_imports); this reads
+    every import statement, so a type-only import cannot hide a dependency on a layer
+    above."""
+    layers = _layers()
+    upward = [use for path in sorted(SRC.rglob("*.py")) for use in _upward_imports(path, layers)]
+    assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_checker_sees_a_type_checking_import(tmp_path, monkeypatch) -> None:
+    probe = tmp_path / "protofed" / "core" / "zz_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from protofed.config import X\n"
+    )
+    monkeypatch.setitem(globals(), "SRC", tmp_path / "protofed")
+    assert _upward_imports(probe, _layers()) == ["protofed.core.zz_probe:3 imports protofed.config"]

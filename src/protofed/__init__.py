@@ -1,8 +1,9 @@
 """protofed: personalized federated learning on heterogeneous real-world data.
 
-The public API: `run`, `resume`, `pretrain`, `load_run`, `Run`, `Summary`, `resolve_config`
-(protofed.api), `ConfigError` (what every bad config, file or argument raises), and the
-decorators that add your own algorithm, model or data set to the registries.
+The public API: `run`, `resume`, `pretrain`, `load_run`, `Run`, `resolve_config`
+(protofed.api); the typed results (`Summary`, `RoundRecord`, `RoundInfo`, `Scores`, ...:
+protofed.core.results); `ConfigError` (what every bad config, file or argument raises); and
+the decorators that add your own algorithm, model or data set to the registries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from protofed.api import Run, Summary, load_run, pretrain, resolve_config, resume, run
+from protofed.api import Run, load_run, pretrain, resolve_config, resume, run
+from protofed.core.results import (
+    ClientScores,
+    GlobalScores,
+    ReportedRound,
+    RoundInfo,
+    RoundRecord,
+    Scores,
+    Summary,
+)
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,8 +56,14 @@ def register_dataset(
 
 
 __all__ = [
+    "ClientScores",
     "ConfigError",
+    "GlobalScores",
+    "ReportedRound",
+    "RoundInfo",
+    "RoundRecord",
     "Run",
+    "Scores",
     "Summary",
     "__version__",
     "load_run",

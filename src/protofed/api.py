@@ -2,7 +2,7 @@
 
     import protofed
     run = protofed.run("configs/quickstart.yaml", train={"rounds": 5})
-    run.summary.final["personalization"]["f1"]
+    run.summary.final.personalization.f1
     run.history                 # pandas DataFrame: one row per evaluated round and client
     model = run.client_model(3) # client 3's personalized model, a ready torch.nn.Module
     again = protofed.load_run(run.path)
@@ -14,16 +14,16 @@ directory: a run made on another machine or by the CLI opens the same way.
 
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.core.files import check_writable
+from protofed.core.results import RoundRecord, Summary
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, METRICS, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
 
@@ -32,8 +32,11 @@ if TYPE_CHECKING:
     import torch
 
     from protofed.algorithms import Algorithm
+    from protofed.core.results import RoundInfo
+    from protofed.engines import Engine
     from protofed.models.base import FedModel
-    from protofed.runtime.loop import RoundLoop
+    from protofed.runtime.loop import OnRound, RoundLoop
+    from protofed.tracking import Tracking
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig | None
 
@@ -80,44 +83,6 @@ def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
             into[key] = _deep_copy(value) if isinstance(value, Mapping) else value
 
 
-@dataclass(frozen=True)
-class Summary:
-    """A run's `summary.json`, typed. `as_dict()` gives the file's contents back.
-
-    `status` is "complete", or "diverged" when a reply or the server state held NaN or
-    infinity (`diverged` says where; `final` and `selected` are None if no round was scored).
-    """
-
-    algorithm: str
-    dataset: str
-    model: str
-    engine: str
-    num_clients: int
-    seed: int
-    rounds: int
-    final: dict[str, Any] | None
-    selected: dict[str, Any] | None
-    comm: dict[str, Any]
-    time: dict[str, Any]
-    status: str = "complete"
-    warnings: list[str] = field(default_factory=list)  # e.g. validation never beat chance
-    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific entries (Flower's)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
-        """From summary.json's dict; keys this version does not know go to `extra`."""
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        values = {k: data[k] for k in known if k in data}
-        values.setdefault("engine", "builtin")
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
-
-    def as_dict(self) -> dict[str, Any]:
-        """summary.json's dict again (`extra` merged back, empty `warnings` left out)."""
-        out = asdict(self)
-        skip = {"extra", *(("warnings",) if not self.warnings else ())}
-        return {**{k: v for k, v in out.items() if k not in skip}, **out["extra"]}
-
-
 class Run:
     """A finished (or interrupted) experiment, read from its run directory."""
 
@@ -148,7 +113,7 @@ class Run:
             )
         summary = self.dir.read_json(SUMMARY)
         with reading(self.path / SUMMARY):
-            return Summary.from_dict(summary)
+            return Summary.from_json(summary)
 
     @property
     def provenance(self) -> dict[str, Any] | None:
@@ -174,26 +139,24 @@ class Run:
         names = self.client_names
         rows = []
         with reading(self.path / METRICS):
-            for record in self.dir.history():
-                per = record["clients"]
-                ids = per.get("client_ids") or list(range(len(per["pers_acc"])))
-                glob = record.get("global") or {}
-                for j, cid in enumerate(ids):
+            for record in map(RoundRecord.from_json, self.dir.history()):
+                per, glob = record.clients, record.global_
+                for j, cid in enumerate(per.ids):
                     row = {
-                        "round": record["round"],
+                        "round": record.round,
                         "client": cid,
                         "client_name": names[cid],
-                        "pers_acc": per["pers_acc"][j],
-                        "pers_f1": per["pers_f1"][j],
-                        "gen_acc": per["gen_acc"][j] if per["gen_acc"] else None,
-                        "gen_f1": per["gen_f1"][j] if per["gen_f1"] else None,
-                        "val_acc": per["val_acc"][j],
-                        "val_f1": per["val_f1"][j],
-                        "global_acc": glob.get("acc"),
-                        "global_f1": glob.get("f1"),
-                        "train_loss": record["train_loss"],
+                        "pers_acc": per.pers_acc[j],
+                        "pers_f1": per.pers_f1[j],
+                        "gen_acc": per.gen_acc[j] if per.gen_acc else None,
+                        "gen_f1": per.gen_f1[j] if per.gen_f1 else None,
+                        "val_acc": per.val_acc[j],
+                        "val_f1": per.val_f1[j],
+                        "global_acc": glob.acc if glob is not None else None,
+                        "global_f1": glob.f1 if glob is not None else None,
+                        "train_loss": record.train_loss,
                     }
-                    row.update({f"server.{k}": v for k, v in (record.get("server") or {}).items()})
+                    row.update({f"server.{k}": v for k, v in record.server.items()})
                     rows.append(row)
         return pd.DataFrame(rows)
 
@@ -285,14 +248,43 @@ def load_run(path: str | Path) -> Run:
     return Run(path)
 
 
+@dataclass(frozen=True)
+class Started:
+    """What a run starts from, handed to `on_start` just before its first round (for a
+    progress display: the rounds in all and those already run, e.g. by a resumed run)."""
+
+    path: Path  # the run directory, as given
+    algorithm: str
+    rounds: int  # in all
+    done: int  # already run before this session
+    tracking: Tracking  # its `status`: the latest train loss and personalization F1
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run: which round it had finished, and whether `resume` continues
+    it (a KeyboardInterrupt still, for whoever catches that)."""
+
+    def __init__(self, path: Path, server_round: int, resumable: bool) -> None:
+        how = f"continue with protofed.resume({str(path)!r})" if resumable else "cannot resume"
+        super().__init__(f"{path}: interrupted after round {server_round}; {how}")
+        self.path, self.server_round, self.resumable = path, server_round, resumable
+
+
+class SummaryWarning(RuntimeWarning):
+    """A finished run's summary warns this (`Summary.warnings`, e.g. validation never beat
+    chance); the CLI prints the summary's warnings itself and ignores these."""
+
+
 def run(
     config: ConfigLike = None,
     out: str | Path | None = None,
     *,
     engine: str = "builtin",
     overwrite: bool = False,
-    on_round: Callable[[int, dict, dict | None], None] | None = None,
+    on_round: OnRound | None = None,
+    on_start: Callable[[Started], None] | None = None,
     log: str | Sequence[str] = (),
+    lines: TextIO | None = None,
     **overrides: Any,
 ) -> Run:
     """Run one experiment and return its `Run`.
@@ -301,35 +293,24 @@ def run(
     `overrides` as in `resolve_config`. `out`: the run directory (default:
     `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
     `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine). `log`:
-    "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/ (docs/tracking.md).
+    "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/ (docs/tracking.md);
+    `lines`: a stream (e.g. a log file's) that gets one plain line per evaluated round.
+    `on_start(started)`: called once the run is built, before its first round.
     `on_round(round, info, record)`: called after every round (`record`: the evaluated
-    round's metrics.jsonl line, else None). The summary's warnings (e.g. validation never
-    beat chance) are also issued as RuntimeWarnings.
+    round's metrics.jsonl line, else None). Ctrl-C raises `RunInterrupted`. The summary's
+    warnings (e.g. validation never beat chance) are also issued as `SummaryWarning`s.
     """
+    from protofed.engines import engine_named
     from protofed.tracking import log_kinds
 
     cfg = resolve_config(config, **overrides)
     logs = log_kinds(log)
+    chosen = engine_named(engine)
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"{cfg.algorithm.name}-{cfg.data.name}-{stamp}"
-    if engine == "builtin":
-        from protofed.runtime import start
-
-        loop = start(cfg, out, overwrite=overwrite)
-        run_loop = loop.run
-    elif engine == "flower":
-        from protofed.flower import require_flower
-
-        require_flower()
-        from protofed.flower.engine import run_simulation_loop
-        from protofed.flower.engine import start as start_flower
-
-        loop = start_flower(cfg, out, overwrite=overwrite)
-        run_loop = functools.partial(run_simulation_loop, loop)
-    else:
-        raise ConfigError(f"unknown engine '{engine}' (builtin or flower)")
-    return _drive(loop, run_loop, out, logs, on_round)
+    loop = chosen.start(cfg, out, overwrite)
+    return _drive(loop, chosen, out, logs, Callbacks(on_round, on_start, lines))
 
 
 def pretrain(
@@ -397,45 +378,60 @@ def resume(
     path: str | Path,
     *,
     data_dir: str | Path | None = None,
-    on_round: Callable[[int, dict, dict | None], None] | None = None,
+    on_round: OnRound | None = None,
+    on_start: Callable[[Started], None] | None = None,
     log: str | Sequence[str] = (),
+    lines: TextIO | None = None,
 ) -> Run:
     """Continue a run that stopped before its summary (killed, interrupted) from its last
     checkpoint; it ends with the numbers an uninterrupted run would have. A finished run is
-    returned as it is. `data_dir`: where the data are now, if not where the run recorded
-    (else $PROTOFED_DATA). A Flower run cannot resume: its client states lived on the nodes.
+    returned as it is (`on_start` is then not called). `data_dir`: where the data are now,
+    if not where the run recorded (else $PROTOFED_DATA). The callbacks and `lines` as in
+    `run`. A Flower run cannot resume: its client states lived on the nodes.
     """
-    from protofed.runtime import resume as resume_loop
+    from protofed.engines import BUILTIN, engine_named
     from protofed.tracking import log_kinds
 
     logs = log_kinds(log)
+    engine = engine_named(BUILTIN)  # the resumable one: a run made on another is refused
     try:
-        loop = resume_loop(path, data_dir)
+        loop = engine.reopen(path, data_dir)
     except RunComplete:  # finished, maybe by another process while this one started
         return Run(path)
-    return _drive(loop, loop.run, path, logs, on_round)
+    return _drive(loop, engine, path, logs, Callbacks(on_round, on_start, lines))
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """What the caller of `run` or `resume` follows the run with."""
+
+    on_round: OnRound | None = None
+    on_start: Callable[[Started], None] | None = None
+    lines: TextIO | None = None  # one plain line per evaluated round
 
 
 def _drive(
-    loop: RoundLoop,
-    run_loop: Callable[[Callable[[int, dict, dict | None], None]], dict],
-    out: str | Path,
-    logs: Sequence[str],
-    on_round: Callable[[int, dict, dict | None], None] | None,
+    loop: RoundLoop, engine: Engine, out: str | Path, logs: Sequence[str], calls: Callbacks
 ) -> Run:
-    """Run the loop to its end with tracking and the caller's callback; warn what the
-    summary warns (the CLI prints it)."""
+    """Run the loop to its end on its engine with tracking and the caller's callbacks; a
+    Ctrl-C becomes `RunInterrupted`; warn what the summary warns (the CLI prints it)."""
     from protofed.tracking import Tracking
 
-    with Tracking(out, loop.cfg.train.rounds, loop.progress.server_round, logs) as tracking:
+    rounds, done = loop.cfg.train.rounds, loop.progress.server_round
+    with Tracking(out, rounds, done, logs, calls.lines) as tracking:
 
-        def each(r: int, info: dict, record: dict | None) -> None:
-            tracking(r, info, record)
-            if on_round is not None:
-                on_round(r, info, record)
+        def each(server_round: int, info: RoundInfo, record: RoundRecord | None) -> None:
+            tracking(server_round, info, record)
+            if calls.on_round is not None:
+                calls.on_round(server_round, info, record)
 
-        run_loop(each)
+        if calls.on_start is not None:
+            calls.on_start(Started(Path(out), loop.cfg.algorithm.name, rounds, done, tracking))
+        try:
+            engine.drive(loop, each)
+        except KeyboardInterrupt as stop:
+            raise RunInterrupted(Path(out), loop.progress.server_round, loop.checkpoints) from stop
     finished = Run(out)
     for warning in finished.summary.warnings:
-        warnings.warn(warning, RuntimeWarning, stacklevel=3)
+        warnings.warn(warning, SummaryWarning, stacklevel=3)
     return finished

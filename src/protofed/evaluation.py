@@ -37,9 +37,19 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from sklearn.metrics import f1_score
 from torch.func import functional_call, vmap
 
+from protofed.core.results import (
+    ClientScores,
+    GlobalScores,
+    RoundRecord,
+    RoundScores,
+    SampleSizes,
+    Scores,
+    finite,
+)
 from protofed.core.seeding import EVALUATION, numpy_generator
 from protofed.core.types import Arrays
 from protofed.data.federated import FederatedData
@@ -132,22 +142,18 @@ def scores_from_counts(
     return acc, macro
 
 
-def summarize(accs, f1s) -> dict[str, float]:
-    """Mean and std across clients of per-client accuracy and F1 (NaN: a client without data)."""
+def summarize(accs: ArrayLike, f1s: ArrayLike) -> Scores:
+    """Mean and std across clients of per-client accuracy and F1 (NaN: a client without
+    data; every score None when no client has any)."""
     a, f = np.asarray(accs, dtype=float), np.asarray(f1s, dtype=float)
     if np.all(np.isnan(a)):
-        return {
-            "acc": float("nan"),
-            "acc_std": float("nan"),
-            "f1": float("nan"),
-            "f1_std": float("nan"),
-        }
-    return {
-        "acc": float(np.nanmean(a)),
-        "acc_std": float(np.nanstd(a)),
-        "f1": float(np.nanmean(f)),
-        "f1_std": float(np.nanstd(f)),
-    }
+        return Scores(None, None, None, None)
+    return Scores(
+        acc=finite(np.nanmean(a)),
+        f1=finite(np.nanmean(f)),
+        acc_std=finite(np.nanstd(a)),
+        f1_std=finite(np.nanstd(f)),
+    )
 
 
 @dataclass
@@ -225,6 +231,18 @@ class _Round:
     shared: list[tuple | None]
     counts: Counter
     predictions: dict[tuple, dict[tuple, Any]]
+
+
+@dataclass
+class _Predicted:
+    """A round's predictions, placed: every client's labels on its test and validation
+    slices, its model's generalization scores, and the global model's test labels."""
+
+    test: np.ndarray
+    val: np.ndarray
+    gen_acc: np.ndarray
+    gen_f1: np.ndarray
+    global_test: np.ndarray | None = None
 
 
 class Evaluator:
@@ -388,7 +406,7 @@ class Evaluator:
         client_model: Callable[[int], Arrays],
         global_model: Arrays | None,
         predict_many: PredictMany | None = None,
-    ) -> dict:
+    ) -> RoundScores:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
         Each distinct model predicts once what its clients need (`_needs`); models that share
@@ -396,108 +414,136 @@ class Evaluator:
         others go to `predict_many` where given (e.g. a pool of processes: the clients' new
         models `PREDICT_CHUNK` clients at a time, `predict_many([(weights, specs), ...])`
         giving each one's predictions in order, as `predict_on` would), else predict whole
-        splits `stacked_models` at a time (`predict_stacked`), else one by one.
+        splits `stacked_models` at a time (`predict_stacked`), else one by one. Then the
+        predictions are scored (`score`).
         """
-        n, c = len(self.fed.clients), self.fed.num_classes
-        # which clients share a model: every client's weights are held while fingerprinting
-        # (no extra memory where they live elsewhere, as FedAvg's global model or Local's
-        # states; a model built on the fly, as FedALA's aggregate, cannot reuse the address of
-        # another client's freed one and pass for it), then released one by one
-        held = [client_model(i) for i in range(n)]
+        global_key = _fingerprint(global_model) if global_model is not None else None
+        predicted = self._predict_round(self._plan(client_model), global_key, predict_many)
+        if global_model is not None and predicted.global_test is None:
+            predicted.global_test = self.predict_on(global_model, "test")
+        return self.score(predicted)
+
+    def _plan(self, client_model: Callable[[int], Arrays]) -> _Round:
+        """Which clients share a model, and which share a body (whose embeddings are made
+        once this round). Every client's weights are held while fingerprinting (no extra
+        memory where they live elsewhere, as FedAvg's global model or Local's states; a model
+        built on the fly, as FedALA's aggregate, cannot reuse the address of another
+        client's freed one and pass for it), then released one by one as they are scored."""
+        held = [client_model(i) for i in range(len(self.fed.clients))]
         keys = [_fingerprint(m) for m in held]
-        counts = Counter(keys)
-        # a body is shared where distinct models hold the same body tensors (fingerprinted
-        # here, while every model is alive); its embeddings are made once this round
         bodies = [_fingerprint(m, _is_body) for m in held]
         models_per_body = Counter(body for _, body in set(zip(keys, bodies, strict=True)))
         shared = [b if self.share_bodies and models_per_body[b] > 1 else None for b in bodies]
         models: list[Arrays | None] = list(held)
-        del held
-        # what is kept until its last client is scored: predictions by model, embeddings by body
-        left_of_model = Counter(keys)
-        left_of_body = Counter(b for b in shared if b is not None)
+        return _Round(models, keys, shared, Counter(keys), {})
+
+    def _predict_round(
+        self, r: _Round, global_key: tuple | None, predict_many: PredictMany | None
+    ) -> _Predicted:
+        """Every client's predictions on what it is scored on, each distinct model predicting
+        once; predictions and embeddings are dropped once their last client is served."""
+        n = len(self.fed.clients)
+        out = _Predicted(
+            test=np.full(len(self.test.y), -1, dtype=np.int64),
+            val=np.full(len(self.val.y), -1, dtype=np.int64),
+            gen_acc=np.full(n, np.nan),
+            gen_f1=np.full(n, np.nan),
+        )
+        left_of_model = Counter(r.keys)
+        left_of_body = Counter(b for b in r.shared if b is not None)
         self._embedded.clear()
-        # model -> spec -> its labels (and ("gen_scores",) -> the model's generalization scores)
-        predictions: dict[tuple, dict[tuple, Any]] = {}
-        pending = _Round(models, keys, shared, counts, predictions)  # the same objects
-        # the global model is often one of the client models (FedAvg's): predicted once
-        global_key = _fingerprint(global_model) if global_model is not None else None
-        global_pred: np.ndarray | None = None
-        test_pred = np.full(len(self.test.y), -1, dtype=np.int64)
-        val_pred = np.full(len(self.val.y), -1, dtype=np.int64)
-        gen_acc, gen_f1 = np.full(n, np.nan), np.full(n, np.nan)
         for i in range(n):
             if predict_many is not None and i % PREDICT_CHUNK == 0:
-                span = range(i, min(i + PREDICT_CHUNK, n))
-                self._predict_elsewhere(predict_many, span, pending)
-            key, body = keys[i], shared[i]
-            weights, models[i] = models[i], None
-            assert weights is not None
-            lo, hi = self.test.bounds[i]
-            vlo, vhi = self.val.bounds[i]
-            known = predictions.setdefault(key, {})
-            for spec in self._needs(i, counts[key] > 1):
-                if spec not in known and self.stacked_models > 1 and body is None and _whole(spec):
-                    models[i] = weights  # held while its group predicts
-                    self._stack_ahead(i, spec, pending)
-                    models[i] = None
-                if spec not in known:
-                    known[spec] = self.predict_on(weights, *spec, body=body)
-                pred = known[spec]
-                split, b = spec[0], spec[2]
-                if split == "test" and b is None:  # the union: this client's slice, and
-                    test_pred[lo:hi] = pred[lo:hi]  # generalization (on the sample)
-                    if ("gen_scores",) not in known:  # once per model, as its labels
-                        on_sample = pred if self.gen_index is None else pred[self.gen_index]
-                        known[("gen_scores",)] = self._gen_scores(on_sample)
-                    gen_acc[i], gen_f1[i] = known[("gen_scores",)]
-                elif split == "test":
-                    test_pred[lo:hi] = pred
-                elif split == "val":
-                    val_pred[vlo:vhi] = pred if b is not None else pred[vlo:vhi]
-                else:  # a model of its own, scored on the generalization sample
-                    gen_acc[i], gen_f1[i] = self._gen_scores(pred)
+                self._predict_elsewhere(predict_many, range(i, min(i + PREDICT_CHUNK, n)), r)
+            key, body = r.keys[i], r.shared[i]
+            known, specs = self._predict_client(i, r)
+            self._place(i, known, specs, out)
             left_of_model[key] -= 1
             if not left_of_model[key]:
-                if key == global_key:
-                    global_pred = known.get(("test", 0, None))
-                del predictions[key]
+                if key == global_key:  # the global model is often a client's (FedAvg's)
+                    out.global_test = known.get(("test", 0, None))
+                del r.predictions[key]
             if body is not None:
                 left_of_body[body] -= 1
                 if not left_of_body[body]:
                     for split in ("test", "val", "gen"):
                         self._embedded.pop((body, split), None)
-        rule = self.f1_labels
-        pers_acc, pers_f1 = per_segment_scores(self.test.y, test_pred, self.test.owner, n, c, rule)
-        val_acc, val_f1 = per_segment_scores(self.val.y, val_pred, self.val.owner, n, c, rule)
-        per = {
-            "pers_acc": pers_acc.tolist(),
-            "pers_f1": pers_f1.tolist(),
-            "gen_acc": gen_acc.tolist() if self.generalization else [],
-            "gen_f1": gen_f1.tolist() if self.generalization else [],
-            "val_acc": val_acc.tolist(),
-            "val_f1": val_f1.tolist(),
-        }
-        result: dict = {
-            "personalization": summarize(pers_acc, pers_f1),
-            "generalization": summarize(gen_acc, gen_f1) if self.generalization else None,
-            "val": summarize(val_acc, val_f1),
-            "global": None,
-            "clients": per,
-            "samples": {
-                "test": len(self.test.y),
-                "generalization": self.gen_size if self.generalization else None,
-            },
-        }
-        if global_model is not None:
-            pred = global_pred if global_pred is not None else self.predict_on(global_model, "test")
+        return out
+
+    def _predict_client(self, i: int, r: _Round) -> tuple[dict[tuple, Any], list[Spec]]:
+        """Client i's model's predictions by spec, with what client i needs of them (computed
+        unless its model already made them); the client's weights are released."""
+        key, body = r.keys[i], r.shared[i]
+        weights, r.models[i] = r.models[i], None
+        assert weights is not None
+        known = r.predictions.setdefault(key, {})
+        specs = self._needs(i, r.counts[key] > 1)
+        for spec in specs:
+            if spec not in known and self.stacked_models > 1 and body is None and _whole(spec):
+                r.models[i] = weights  # held while its group predicts
+                self._stack_ahead(i, spec, r)
+                r.models[i] = None
+            if spec not in known:
+                known[spec] = self.predict_on(weights, *spec, body=body)
+        return known, specs
+
+    def _place(self, i: int, known: dict[tuple, Any], specs: list[Spec], out: _Predicted) -> None:
+        """Client i's share of its model's predictions, put where it is scored: its test and
+        validation slices, and its generalization scores (once per model, on the sample)."""
+        lo, hi = self.test.bounds[i]
+        vlo, vhi = self.val.bounds[i]
+        for spec in specs:
+            pred, split, b = known[spec], spec[0], spec[2]
+            if split == "test" and b is None:  # the union: this client's slice, and
+                out.test[lo:hi] = pred[lo:hi]  # generalization (on the sample)
+                if ("gen_scores",) not in known:
+                    on_sample = pred if self.gen_index is None else pred[self.gen_index]
+                    known[("gen_scores",)] = self._gen_scores(on_sample)
+                out.gen_acc[i], out.gen_f1[i] = known[("gen_scores",)]
+            elif split == "test":
+                out.test[lo:hi] = pred
+            elif split == "val":
+                out.val[vlo:vhi] = pred if b is not None else pred[vlo:vhi]
+            else:  # a model of its own, scored on the generalization sample
+                out.gen_acc[i], out.gen_f1[i] = self._gen_scores(pred)
+
+    def score(self, predicted: _Predicted) -> RoundScores:
+        """The round's scores from every client's predictions (macro-F1 over the classes
+        `f1_labels` says)."""
+        n, c, rule = len(self.fed.clients), self.fed.num_classes, self.f1_labels
+        test, val = predicted.test, predicted.val
+        pers_acc, pers_f1 = per_segment_scores(self.test.y, test, self.test.owner, n, c, rule)
+        val_acc, val_f1 = per_segment_scores(self.val.y, val, self.val.owner, n, c, rule)
+        gen = self.generalization
+        clients = ClientScores(
+            pers_acc=_finite_list(pers_acc),
+            pers_f1=_finite_list(pers_f1),
+            gen_acc=_finite_list(predicted.gen_acc) if gen else [],
+            gen_f1=_finite_list(predicted.gen_f1) if gen else [],
+            val_acc=_finite_list(val_acc),
+            val_f1=_finite_list(val_f1),
+        )
+        global_scores = None
+        if predicted.global_test is not None:
+            pred = predicted.global_test
             _, f1s = per_segment_scores(self.test.y, pred, self.test.owner, n, c, rule)
-            result["global"] = {
-                "acc": _acc(self.test.y, pred),
-                "f1": _macro_f1(self.test.y, pred, rule),
-                "f1_std": float(np.nanstd(f1s)),
-            }
-        return result
+            global_scores = GlobalScores(
+                acc=finite(_acc(self.test.y, pred)),
+                f1=finite(_macro_f1(self.test.y, pred, rule)),
+                f1_std=finite(float(np.nanstd(f1s))),
+            )
+        return RoundScores(
+            personalization=summarize(pers_acc, pers_f1),
+            generalization=summarize(predicted.gen_acc, predicted.gen_f1) if gen else None,
+            val=summarize(val_acc, val_f1),
+            global_=global_scores,
+            clients=clients,
+            samples=SampleSizes(len(self.test.y), self.gen_size if gen else None),
+        )
+
+
+def _finite_list(values: np.ndarray) -> list[float | None]:
+    return [finite(v) for v in values.tolist()]
 
 
 SELECTION_DOC = {
@@ -507,31 +553,31 @@ SELECTION_DOC = {
 }
 
 
-def select_round(history: list[dict], rule: str, metric: str = "f1") -> dict:
+def select_round(history: list[RoundRecord], rule: str, metric: str = "f1") -> RoundRecord:
     """Pick the reported round from the evaluated rounds' records."""
     if not history:
         raise ValueError("no evaluated rounds to select from")
     if rule == "last":
         return history[-1]
     if rule == "best_test":
-        return max(history, key=lambda h: h["personalization"]["acc"])
+        return max(history, key=lambda h: _nan_to_low(h.personalization.acc))
     if rule == "val":
-        if all(_nan_to_low(h["val"][metric]) == -np.inf for h in history):  # no validation data
+        if all(_nan_to_low(getattr(h.val, metric)) == -np.inf for h in history):  # no val data
             return history[-1]
-        return max(history, key=lambda h: _nan_to_low(h["val"][metric]))
+        return max(history, key=lambda h: _nan_to_low(getattr(h.val, metric)))
     raise ValueError(f"unknown selection rule '{rule}'")
 
 
-def select_global_round(history: list[dict], rule: str, metric: str = "f1") -> dict:
+def select_global_round(history: list[RoundRecord], rule: str, metric: str = "f1") -> RoundRecord:
     """The round whose global score is reported: under `best_test`, the global model's own
     best test accuracy (the round picked for the client models says nothing about the
     server's model); under the other rules, the round `select_round` picks."""
     if rule == "best_test":
-        scored = [h for h in history if h.get("global") is not None]
+        scored = [h for h in history if h.global_ is not None]
         if scored:
-            return max(scored, key=lambda h: _nan_to_low(h["global"]["acc"]))
+            return max(scored, key=lambda h: _nan_to_low(h.global_.acc if h.global_ else None))
     return select_round(history, rule, metric)
 
 
-def _nan_to_low(v: float) -> float:
+def _nan_to_low(v: float | None) -> float:
     return -np.inf if v is None or np.isnan(v) else v

@@ -22,10 +22,7 @@ import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from protofed.config import ExperimentConfig
+from typing import Any, Protocol
 
 GROUPS = {
     "algorithms": "protofed.algorithms",
@@ -151,7 +148,25 @@ def registered_here_only(kind: str, name: str) -> str | None:
     return None if _known_to_a_new_process(kind, name) else defined[0]
 
 
-def require_visible_elsewhere(cfg: ExperimentConfig, where: str) -> None:
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class NamedParts(Protocol):
+    """What `require_visible_elsewhere` reads of a config (an `ExperimentConfig` is one)."""
+
+    @property
+    def algorithm(self) -> _Named: ...
+
+    @property
+    def model(self) -> _Named: ...
+
+    @property
+    def data(self) -> _Named: ...
+
+
+def require_visible_elsewhere(cfg: NamedParts, where: str) -> None:
     """A one-line ConfigError when the config's algorithm, model or data set was registered by
     this process only, so `where` (new processes) cannot load it."""
     from protofed.errors import ConfigError

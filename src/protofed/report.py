@@ -29,12 +29,10 @@ from typing import Any
 import numpy as np
 
 from protofed.config import build_config
+from protofed.core.results import ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
 from protofed.runs import METRICS as METRICS_FILE
-
-SCORES = ("personalization", "generalization", "global")
-SHORT = {"personalization": "pers", "generalization": "gen", "global": "global"}
 
 # per-run columns: (name, unit, decimals); the order is the tables' order
 METRICS: list[tuple[str, str, int]] = [
@@ -150,12 +148,14 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # one row per run --------------------------------------------------------------------------
-def _record_for(history: list[dict], summary: dict, which: str | int) -> dict | None:
+def _scored_part(
+    history: list[RoundRecord], summary: Summary, which: str | int
+) -> RoundRecord | ReportedRound | None:
     """The scores of the reported round: the summary's selected or final part, or the
     metrics.jsonl record of round `which`."""
     if isinstance(which, int):
-        return next((r for r in history if r["round"] == which), None)
-    return summary.get(which)
+        return next((r for r in history if r.round == which), None)
+    return summary.selected if which == "selected" else summary.final
 
 
 def parse_which(which: str | int) -> str | int:
@@ -181,52 +181,54 @@ def run_row(
     """
     which = parse_which(which)
     run = RunDir.open(path)
-    summary = run.read_json(SUMMARY)
-    history = run.history()
+    raw_summary = run.read_json(SUMMARY)
+    raw_history = run.history()
+    with reading(run.path / SUMMARY):
+        summary = Summary.from_json(raw_summary)
+    with reading(run.path / METRICS_FILE):
+        history = [RoundRecord.from_json(r) for r in raw_history]
     source = run.path / (METRICS_FILE if isinstance(which, int) else SUMMARY)
     with reading(source):
-        part = _record_for(history, summary, which)
+        part = _scored_part(history, summary, which)
         if part is None:
             unscored = f"round {which} was not evaluated" if isinstance(which, int) else None
             raise NotScored(unscored or "no round scored")
         scores: dict[str, float | None] = {}
-        for key in SCORES:
-            s = part.get(key) or {}
-            scores[f"{SHORT[key]}_acc"] = _pct(s.get("acc"))
-            scores[f"{SHORT[key]}_f1"] = _pct(s.get("f1"))
-            if key != "global":
-                scores[f"{SHORT[key]}_f1_client_std"] = _pct(s.get("f1_std"))
-        server = dict(part.get("server") or {})
-        scored_round = part.get("round")
-    with reading(run.path / SUMMARY):
-        rounds = max(int(summary["rounds"]), 1)
-        up, down = summary["comm"]["up_bytes"] / 1e6, summary["comm"]["down_bytes"] / 1e6
-        seconds = float(summary["time"]["total_s"])
-        row: dict[str, Any] = {
-            "run": name or run.path.name,
-            "algorithm": summary.get("algorithm"),
-            "dataset": summary.get("dataset"),
-            "seed": summary.get("seed"),
-            "round": scored_round,
-            "rounds": summary["rounds"],
+        sections = {
+            "pers": part.personalization,
+            "gen": part.generalization,
+            "global": part.global_,
         }
+        for short, s in sections.items():
+            scores[f"{short}_acc"] = _pct(s.acc if s is not None else None)
+            scores[f"{short}_f1"] = _pct(s.f1 if s is not None else None)
+            if short != "global":
+                scores[f"{short}_f1_client_std"] = _pct(s.f1_std if s is not None else None)
+        server = dict(part.server)
+        scored_round = part.round
+    rounds = max(summary.rounds, 1)
+    up, down = summary.comm.up_bytes / 1e6, summary.comm.down_bytes / 1e6
+    row: dict[str, Any] = {
+        "run": name or run.path.name,
+        "algorithm": summary.algorithm,
+        "dataset": summary.dataset,
+        "seed": summary.seed,
+        "round": scored_round,
+        "rounds": summary.rounds,
+    }
     row.update(scores)
-    with reading(run.path / METRICS_FILE):
-        f1s = [r["personalization"]["f1"] for r in history if (r.get("personalization") or {})]
-        f1s = [float(v) for v in f1s if v is not None]
-        at = next((r for r in history if r["round"] == scored_round), None)
-        loss = None if at is None else at.get("train_loss")
+    f1s = [r.personalization.f1 for r in history if r.personalization.f1 is not None]
+    at = next((r for r in history if r.round == scored_round), None)
     row["pers_f1_all_rounds"] = _pct(float(np.mean(f1s))) if f1s else None
-    row["train_loss"] = loss
+    row["train_loss"] = None if at is None else at.train_loss
     row["MB_per_round"] = (up + down) / rounds
     row["up_MB_per_round"] = up / rounds
     row["down_MB_per_round"] = down / rounds
-    row["s_per_round"] = seconds / rounds
+    row["s_per_round"] = summary.time.total_s / rounds
     if domains:  # the clients' mean personalization accuracy per natural group (domain)
-        record = at or {}
-        if "pers_acc" not in record.get("clients", {}):
+        if at is None or not at.clients.pers_acc:
             raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")
-        for label, value in _domain_means(run, record, "pers_acc").items():
+        for label, value in _domain_means(run, at, "pers_acc").items():
             row[f"pers_acc[{label}]"] = 100.0 * value
     for key, value in server.items():  # the server's own metrics
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -533,24 +535,26 @@ def group_scores(
         raise ConfigError(f"which must be 'selected' or 'final', not '{which}'")
     with reading(run.path / SUMMARY):
         round_ = run.read_json(SUMMARY)[which]["round"]
-    record = next((r for r in run.history() if r["round"] == round_), None)
     with reading(run.path / METRICS_FILE):
-        if record is None or key not in record.get("clients", {}):
-            raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
+        history = [RoundRecord.from_json(r) for r in run.history()]
+    record = next((r for r in history if r.round == round_), None)
+    values = None if record is None else getattr(record.clients, key, None)
+    if record is None or not values:
+        raise ConfigError(f"{run.path}: no per-client '{key}' recorded for round {round_}")
     return _domain_means(run, record, key)
 
 
-def _domain_means(run: RunDir, record: dict, key: str) -> dict[str, float]:
+def _domain_means(run: RunDir, record: RoundRecord, key: str) -> dict[str, float]:
     """A per-client score of one metrics.jsonl record, averaged per natural group."""
     partition = run.read_json(PARTITION)
     with reading(run.path / PARTITION):
         names = (partition.get("meta") or {}).get("group_names") or []
         group = [c.get("group") for c in partition["clients"]]
     with reading(run.path / METRICS_FILE):
-        ids = record["clients"].get("client_ids") or range(len(record["clients"][key]))
+        scores: list[float | None] = getattr(record.clients, key)
         pairs = [
             (int(c), float(v))
-            for c, v in zip(ids, record["clients"][key], strict=True)
+            for c, v in zip(record.clients.ids, scores, strict=True)
             if v is not None and v == v  # not NaN
         ]
     values: dict[object, list[float]] = {}

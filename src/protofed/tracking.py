@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from protofed.core.results import RoundInfo, RoundRecord
 from protofed.errors import ConfigError
 
 LOGS = ("tensorboard",)
@@ -73,7 +74,9 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def scalars(info: dict, record: dict | None, round_s: float | None = None) -> dict[str, float]:
+def scalars(
+    info: RoundInfo, record: RoundRecord | None, round_s: float | None = None
+) -> dict[str, float]:
     """The round's scalars by TensorBoard tag.
 
     Every round: `train/loss`, `server/<metric>`, `time/train_s`, `time/aggregate_s` and
@@ -83,17 +86,18 @@ def scalars(info: dict, record: dict | None, round_s: float | None = None) -> di
     `time/eval_s`. Missing or non-finite values are left out.
     """
     values: dict[str, Any] = {
-        "train/loss": info.get("train_loss"),
-        "time/train_s": info.get("train_s"),
-        "time/aggregate_s": info.get("aggregate_s"),
+        "train/loss": info.train_loss,
+        "time/train_s": info.train_s,
+        "time/aggregate_s": info.aggregate_s,
         "time/round_s": round_s,
     }
-    values.update({f"server/{k}": v for k, v in (info.get("server") or {}).items()})
+    values.update({f"server/{k}": v for k, v in info.server.items()})
     if record is not None:
+        line = record.to_json()  # the tags are metrics.jsonl's keys
         for section, prefix in SCORES.items():
-            values.update({f"{prefix}/{k}": v for k, v in (record.get(section) or {}).items()})
-        values.update({f"comm/{k}": v for k, v in record["comm"].items()})
-        values["time/eval_s"] = record["time"]["eval_s"]
+            values.update({f"{prefix}/{k}": v for k, v in (line.get(section) or {}).items()})
+        values.update({f"comm/{k}": v for k, v in line["comm"].items()})
+        values["time/eval_s"] = record.time.eval_s
     return {tag: number for tag, v in values.items() if (number := _number(v)) is not None}
 
 
@@ -134,15 +138,15 @@ class RoundClock:
         return (total - server_round) * self.per_round
 
 
-def plain_line(server_round: int, total: int, record: dict, clock: RoundClock) -> str:
+def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundClock) -> str:
     """One evaluated round as one line of text, for `tail -f` on a log file."""
     parts = [f"round {server_round}/{total}"]
-    loss = _number(record.get("train_loss"))
+    loss = _number(record.train_loss)
     parts.append(f"loss {'-' if loss is None else f'{loss:.4f}'}")
-    parts.append(f"pers F1 {_pct(record['personalization']['f1'])}")
-    for section, label in (("generalization", "gen"), ("global", "global")):
-        if record.get(section):
-            parts.append(f"{label} F1 {_pct(record[section].get('f1'))}")
+    parts.append(f"pers F1 {_pct(record.personalization.f1)}")
+    for part, label in ((record.generalization, "gen"), (record.global_, "global")):
+        if part is not None:
+            parts.append(f"{label} F1 {_pct(part.f1)}")
     per = clock.per_round
     parts.append(f"{per:.1f} s/round" if per >= 1 else f"{per:.2f} s/round")
     parts.append(f"ETA {duration(clock.eta_s(server_round, total))}")
@@ -202,11 +206,11 @@ class Tracking:
             TensorBoardLog(Path(run_dir) / TENSORBOARD, done + 1) if "tensorboard" in log else None
         )
 
-    def __call__(self, server_round: int, info: dict, record: dict | None) -> None:
+    def __call__(self, server_round: int, info: RoundInfo, record: RoundRecord | None) -> None:
         round_s = self.clock.tick()
-        self.loss = _number(info.get("train_loss"))
+        self.loss = _number(info.train_loss)
         if record is not None:
-            self.pers_f1 = _number(record["personalization"].get("f1"))
+            self.pers_f1 = _number(record.personalization.f1)
         if self.tensorboard is not None:
             self.tensorboard.add(server_round, scalars(info, record, round_s))
         if self.lines is not None and record is not None:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from protofed.config import ExperimentConfig, build_config
+from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, RunDir
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
@@ -84,7 +85,8 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
         if fault := states_fault(ckpt, loop.server, prepared.algorithm.setting.init_model):
             raise ConfigError(f"{run.path / CHECKPOINT}: {fault}; start the run again with --force")
-        loop.history = run.restore_metrics(ckpt["metrics"], server_round)
+        kept = run.restore_metrics(ckpt["metrics"], server_round)
+        loop.history = [RoundRecord.from_json(record) for record in kept]
         loop.restore(ckpt)
     except BaseException:
         loop.transport.close()

@@ -15,19 +15,20 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from typing import Protocol
 
 import torch
 
+from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
 from protofed.core.seeding import sample_clients
-from protofed.core.types import Arrays, Metrics, Records, Reply, check_result, nbytes
-from protofed.evaluation import select_global_round, select_round
-from protofed.runs import RunDir, strict_json
+from protofed.core.types import Arrays, Records, Reply, check_result, nbytes
+from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
 from protofed.runtime.keep import keep, keeps
 from protofed.runtime.prepare import POOLED, Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
+from protofed.runtime.summary import Progress, build_summary, chance_warnings
 
 log = logging.getLogger("protofed")
 
@@ -45,8 +46,8 @@ def nonfinite(records: Records) -> str | None:
     return None
 
 
-OnRound = Callable[[int, dict, "dict | None"], None]
-"""Called after every round with (round, the round's info, its metrics record or None)."""
+OnRound = Callable[[int, RoundInfo, "RoundRecord | None"], None]
+"""Called after every round with (round, what its training gave, its record if evaluated)."""
 
 
 class Transport(Protocol):
@@ -72,21 +73,7 @@ class Transport(Protocol):
 class Evaluation(Protocol):
     """How a round is scored: on the server's data, or by the clients themselves."""
 
-    def evaluate(self, server: Records, server_round: int) -> dict: ...
-
-
-@dataclass
-class Progress:
-    """Counters that survive a resume (they are checkpointed)."""
-
-    server_round: int = 0
-    up_bytes: int = 0
-    down_bytes: int = 0
-    train_s: float = 0.0
-    eval_s: float = 0.0
-    aggregate_s: float = 0.0
-    client_updates: int = 0
-    dropped_nonfinite: int = 0  # replies dropped for NaN/inf (train.on_nonfinite=drop)
+    def evaluate(self, server: Records, server_round: int) -> RoundScores: ...
 
 
 class RoundLoop:
@@ -99,7 +86,7 @@ class RoundLoop:
         evaluation: Evaluation,
         run_dir: RunDir | None = None,
         population: list[int] | None = None,
-        summary_extra: Callable[[], dict] | None = None,
+        summary_extra: Callable[[], dict[str, object]] | None = None,
     ) -> None:
         """`population`: the client ids that can be sampled (default: every client of the
         data); the sampling stream draws positions in it. `summary_extra`: the transport's
@@ -117,7 +104,7 @@ class RoundLoop:
         self.server: Records = self.algorithm.init_server()
         self._starting_names = {record: list(arrays) for record, arrays in self.server.items()}
         self.progress = Progress()
-        self.history: list[dict] = []
+        self.history: list[RoundRecord] = []
         self._fingerprint: dict | None = None
 
     # state ------------------------------------------------------------------------------
@@ -179,7 +166,7 @@ class RoundLoop:
         picked = sample_clients(self.cfg.seed, server_round, self.num_clients, self.per_round())
         return [self.population[i] for i in picked]
 
-    def run_round(self, server_round: int) -> dict:
+    def run_round(self, server_round: int) -> RoundInfo:
         clients = self.sample(server_round)
         timer = {"train": 0.0}
         losses: list[tuple[float, float]] = []
@@ -234,49 +221,28 @@ class RoundLoop:
         self.progress.aggregate_s += elapsed - timer["train"]
         self.progress.server_round = server_round
         weight = sum(w for _, w in losses)
-        return {
-            "clients": clients,
-            "train_loss": sum(v * w for v, w in losses) / weight if weight else None,
-            "train_s": timer["train"],
-            "aggregate_s": elapsed - timer["train"],
-            "server": dict(result.metrics),
-        }
+        return RoundInfo(
+            clients=clients,
+            train_loss=sum(v * w for v, w in losses) / weight if weight else None,
+            train_s=timer["train"],
+            aggregate_s=elapsed - timer["train"],
+            server=dict(result.metrics),
+        )
 
-    def evaluate(self, server_round: int) -> dict:
+    def evaluate(self, server_round: int) -> RoundScores:
         t0 = time.perf_counter()
         scores = self.evaluation.evaluate(self.server, server_round)
         dt = time.perf_counter() - t0
         self.progress.eval_s += dt
-        scores["eval_s"] = dt
-        return scores
+        return replace(scores, eval_s=dt)
 
-    def record(self, server_round: int, info: dict, scores: dict) -> dict:
+    def record(self, server_round: int, info: RoundInfo, scores: RoundScores) -> RoundRecord:
         """The round's line of metrics.jsonl (the same in memory and on disk)."""
-        return strict_json(
-            {
-                "round": server_round,
-                "train_loss": info["train_loss"],
-                "personalization": scores["personalization"],
-                "generalization": scores["generalization"],
-                "global": scores["global"],
-                "val": scores["val"],
-                "samples": scores.get("samples"),  # test union, generalization sample
-                "server": info["server"],
-                "time": {
-                    "train_s": info["train_s"],
-                    "aggregate_s": info["aggregate_s"],
-                    "eval_s": scores["eval_s"],
-                },
-                "comm": {
-                    "up_bytes": self.progress.up_bytes,
-                    "down_bytes": self.progress.down_bytes,
-                },
-                "clients": scores["clients"],
-            }
-        )
+        traffic = Traffic(self.progress.up_bytes, self.progress.down_bytes)
+        return RoundRecord.of(info, scores, server_round, traffic)
 
     # the loop ---------------------------------------------------------------------------
-    def run(self, on_round: OnRound | None = None) -> dict:
+    def run(self, on_round: OnRound | None = None) -> Summary:
         """Every remaining round, then the summary (written to the run directory, if any).
 
         A run that diverges (NaN or infinity in a reply or the server state) stops at once;
@@ -300,7 +266,7 @@ class RoundLoop:
                 finally:
                     self.run_dir.unlock()
 
-    def _rounds(self, on_round: OnRound | None) -> dict:
+    def _rounds(self, on_round: OnRound | None) -> Summary:
         cfg = self.cfg
         t_start = time.perf_counter()
         p = self.progress
@@ -315,7 +281,7 @@ class RoundLoop:
                 record = self.record(r, info, self.evaluate(r))
                 self.history.append(record)
                 if self.run_dir is not None:
-                    self.run_dir.append_metrics(record)
+                    self.run_dir.append_metrics(record.to_json())
                     if keeps(cfg, r):  # for figures; reads the state, changes nothing
                         here = self.checkpoints  # client models built here, not fetched
                         models = self.transport.client_models(self.server, r) if here else None
@@ -330,95 +296,20 @@ class RoundLoop:
                 on_round(r, info, record)
         return self.finish(total_before + time.perf_counter() - t_start)
 
-    def finish(self, total_s: float, diverged: str | None = None) -> dict:
+    def finish(self, total_s: float, diverged: str | None = None) -> Summary:
         """The summary, written to the run directory (if any)."""
-        summary = self.summary(total_s, diverged)
-        if self.run_dir is not None:
-            self.run_dir.write_json("summary.json", summary)
-        return summary
-
-    def summary(self, total_s: float, diverged: str | None = None) -> dict:
-        """`diverged`: why the run stopped early (status "diverged"), else None ("complete")."""
-        cfg = self.cfg
-        if not self.history and diverged is None:
-            raise RuntimeError("no round was evaluated")
-        p = self.progress
-        rounds = p.server_round
-
-        def scores(rec: dict) -> dict:
-            return {k: rec[k] for k in ("personalization", "generalization", "global")}
-
-        def final_and_selected() -> dict:
-            if not self.history:
-                return {"final": None, "selected": None}
-            final = self.history[-1]
-            chosen = select_round(self.history, cfg.eval.selection, cfg.eval.metric)
-            best_global = select_global_round(self.history, cfg.eval.selection, cfg.eval.metric)
-            server_metrics: Metrics = final.get("server") or {}
-            return {
-                "final": {"round": final["round"], **scores(final), "server": server_metrics},
-                "selected": {
-                    "round": chosen["round"],
-                    "rule": cfg.eval.selection,
-                    **scores(chosen),
-                    "global": best_global["global"],
-                    "global_round": best_global["round"],
-                    "server": chosen.get("server") or {},
-                },
-            }
-
-        warnings = self.chance_warnings()
-        return {
-            "status": "complete" if diverged is None else "diverged",
-            **({"diverged": diverged} if diverged is not None else {}),
-            "algorithm": self.algorithm.name,  # "fedavg+ala" when the ALA plug-in is on
-            "dataset": cfg.data.name,
-            "model": cfg.model.name,
-            "engine": self.transport.name,
-            "num_clients": self.num_clients,
-            "seed": cfg.seed,
-            "rounds": rounds,
-            **final_and_selected(),
-            "comm": {
-                "up_bytes": p.up_bytes,
-                "down_bytes": p.down_bytes,
-                "up_bytes_per_round": p.up_bytes / max(rounds, 1),
-                "down_bytes_per_round": p.down_bytes / max(rounds, 1),
-            },
-            "time": {
-                "total_s": total_s,
-                "train_s": p.train_s,
-                "aggregate_s": p.aggregate_s,
-                "eval_s": p.eval_s,
-                "train_s_per_round": p.train_s / max(rounds, 1),
-                "client_updates_per_s": p.client_updates / max(p.train_s, 1e-9),
-            },
-            **({"warnings": warnings} if warnings else {}),
-            **({"dropped_nonfinite": p.dropped_nonfinite} if p.dropped_nonfinite else {}),
-            **(self.summary_extra() if self.summary_extra is not None else {}),
-        }
-
-    def chance_warnings(self) -> list[str]:
-        """A warning when no evaluated round's validation accuracy beat chance.
-
-        Chance is the better of uniform guessing and predicting each client's most frequent
-        validation class (their mean over clients); one point of margin. Features left on
-        raw scales (data.standardize=false) or a learning rate far off are the usual causes.
-        """
-        counts = self.prepared.fed.counts_by_split()["val"]
-        sizes = counts.sum(axis=1)
-        if not self.history or sizes.sum() == 0:
-            return []
-        majority = float((counts.max(axis=1)[sizes > 0] / sizes[sizes > 0]).mean())
-        chance = max(1.0 / self.prepared.fed.num_classes, majority)
-        best = max(
-            (h["val"]["acc"] for h in self.history if h["val"].get("acc") is not None),
-            default=None,
+        summary = build_summary(
+            self.cfg,
+            self.history,
+            self.progress,
+            algorithm=self.algorithm.name,
+            engine=self.transport.name,
+            num_clients=self.num_clients,
+            total_s=total_s,
+            warnings=chance_warnings(self.history, self.prepared.fed),
+            diverged=diverged,
+            extra=self.summary_extra() if self.summary_extra is not None else None,
         )
-        if best is None or math.isnan(best) or best > chance + 0.01:
-            return []
-        return [
-            f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %): "
-            "check data.standardize, train.lr, the model, and that the algorithm's `fit` trains "
-            "before it copies the weights it replies with"
-        ]
+        if self.run_dir is not None:
+            self.run_dir.write_json("summary.json", summary.to_json())
+        return summary

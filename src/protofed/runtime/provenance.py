@@ -26,6 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from protofed.core.results import Summary
 from protofed.runs import PROVENANCE, RunDir, protofed_version
 
 PACKAGES = ("torch", "numpy", "scikit-learn", "flwr")
@@ -173,12 +174,12 @@ def begin_session(run_dir: RunDir, files: Sequence[Path], device: str, engine: s
     run_dir.write_json(PROVENANCE, doc)
 
 
-def end_session(run_dir: RunDir, summary: dict | None) -> None:
+def end_session(run_dir: RunDir, summary: Summary | None) -> None:
     """The session's end and outcome; the run's end too when `summary` (it was written)."""
     doc = run_dir.read_json(PROVENANCE)
     end = utc_now()
     doc["sessions"][-1]["end"] = end
-    doc["sessions"][-1]["outcome"] = "stopped" if summary is None else summary["status"]
+    doc["sessions"][-1]["outcome"] = "stopped" if summary is None else summary.status
     if summary is not None:
         doc["end"] = end
     run_dir.write_json(PROVENANCE, doc)

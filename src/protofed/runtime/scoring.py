@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from protofed.core.results import RoundScores
 from protofed.core.types import Arrays, Records
 from protofed.data.federated import FederatedData
 from protofed.evaluation import Evaluator, PredictMany, Spec
@@ -96,7 +97,7 @@ class ServerSideEvaluation:
             self._staged = (stage, self._evaluator(dyn.federated(self.prepared.fed, server_round)))
         return self._staged[1]
 
-    def evaluate(self, server: Records, server_round: int) -> dict:
+    def evaluate(self, server: Records, server_round: int) -> RoundScores:
         """The scores of the models after `server_round` (see `Evaluator.evaluate`), on the
         transport's worker processes where it has them (not with data.dynamic: a worker holds
         the whole data only; not where models predict stacked, `eval.stacked_models` > 1)."""
