@@ -9,7 +9,7 @@ the decorators that add your own algorithm, model or data set to the registries.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from protofed.api import Run, load_run, pretrain, resolve_config, resume, run
 from protofed.core.results import (
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 _A = TypeVar("_A", bound="type[Algorithm]")
-_F = TypeVar("_F", bound=Callable)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def register_algorithm(cls: _A) -> _A:
@@ -36,14 +36,14 @@ def register_algorithm(cls: _A) -> _A:
     runs, Flower's nodes and the CLI see it through an entry point: docs/architecture.md)."""
     from protofed.algorithms import register_algorithm as register
 
-    return register(cls)
+    return cast(_A, register(cls))  # the registry hands back the class it was given
 
 
 def register_model(name: str, description: str, inputs: str = "any") -> Callable[[_F], _F]:
     """Decorator for a model builder `(cfg, input_shape, num_classes) -> FedModel`."""
     from protofed.models import register_model as register
 
-    return register(name, description, inputs)
+    return cast(Callable[[_F], _F], register(name, description, inputs))
 
 
 def register_dataset(
@@ -52,7 +52,7 @@ def register_dataset(
     """Decorator for a data-set loader `(cfg: DataConfig) -> Dataset`."""
     from protofed.data import register_dataset as register
 
-    return register(name, description, source, needs_root)
+    return cast(Callable[[_F], _F], register(name, description, source, needs_root))
 
 
 __all__ = [

@@ -121,6 +121,7 @@ def check_result(result: object, hook: str, algorithm: str) -> None:
     wrong shape of thing, before it fails obscurely deep in an engine (cheap: no tensor is
     read)."""
     expected = FitResult if hook == "fit" else AggregateResult
+    fault: str | None
     if not isinstance(result, expected):
         article = "an" if expected is AggregateResult else "a"
         fault = f"must return {article} {expected.__name__}, not {type(result).__name__}"

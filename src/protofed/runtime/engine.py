@@ -85,6 +85,11 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
         if fault := states_fault(ckpt, loop.server, prepared.algorithm.setting.init_model):
             raise ConfigError(f"{run.path / CHECKPOINT}: {fault}; start the run again with --force")
+        if type(server_round) is not int:
+            raise ConfigError(
+                f"{run.path / CHECKPOINT}: no round recorded in its progress; start the run "
+                "again with --force"
+            )
         kept = run.restore_metrics(ckpt["metrics"], server_round)
         loop.history = [RoundRecord.from_json(record) for record in kept]
         loop.restore(ckpt)

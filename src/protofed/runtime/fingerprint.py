@@ -144,7 +144,7 @@ def states_fault(ckpt: dict, server: Mapping[str, Collection[str]], model: Array
                 int(client)
             except (TypeError, ValueError):
                 return f"'{key}.{client}' is not a client id"
-    named = [("server", ckpt.get("server"))]
+    named: list[tuple[str, Any]] = [("server", ckpt.get("server"))]
     named += [(f"client {c}'s state", state) for c, state in clients.items()]
     named.append(("trained models", trained))  # client id -> weights: records in form
     for what, records in named:

@@ -91,7 +91,7 @@ def keep(
     if arrays is None:
         return None
     arrays["round"] = np.asarray(server_round, dtype=np.int64)
-    return atomic_write(round_file(run_dir, server_round), lambda h: np.savez(h, **arrays))
+    return atomic_write(round_file(run_dir, server_round), lambda h: np.savez(h, **arrays))  # type: ignore[arg-type]  # numpy's stub takes any ** for allow_pickle
 
 
 _ROUND = re.compile(r"round_(\d+)\.npz")

@@ -53,11 +53,21 @@ OnRound = Callable[[int, RoundInfo, "RoundRecord | None"], None]
 class Transport(Protocol):
     """How a round's messages reach the clients and their replies come back."""
 
-    name: str  # the engine's name in the summary
-    states: dict[int, Records] | None  # client states kept here (checkpointed), or None
-    # each client's model after its last training, kept here (eval.client_model=trained,
-    # checkpointed beside the states), or None (not kept, or kept on the clients)
-    trained: dict[int, Arrays] | None
+    @property
+    def name(self) -> str:
+        """The engine's name in the summary."""
+        ...
+
+    @property
+    def states(self) -> dict[int, Records] | None:
+        """Client states kept here (checkpointed), or None."""
+        ...
+
+    @property
+    def trained(self) -> dict[int, Arrays] | None:
+        """Each client's model after its last training, kept here (eval.client_model=trained,
+        checkpointed beside the states), or None (not kept, or kept on the clients)."""
+        ...
 
     def fit(
         self, server: Records, server_round: int, clients: list[int]

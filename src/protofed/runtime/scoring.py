@@ -104,7 +104,8 @@ class ServerSideEvaluation:
         pool: WorkerPool | None = getattr(self.transport, "pool", None)
         evaluator = self.evaluator_for(server_round)
         use_pool = pool is not None and self.prepared.dynamic is None
-        many = predict_in(pool) if use_pool and evaluator.stacked_models == 1 else None
+        alone = evaluator.stacked_models == 1
+        many = predict_in(pool) if pool is not None and use_pool and alone else None
         return evaluator.evaluate(
             self.transport.client_models(server, server_round),
             self.prepared.algorithm.global_model(server),
