@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
+from protofed.core.results import RoundRecord, SampleSizes
 from protofed.evaluation import per_segment_scores, select_global_round, select_round
 
 
@@ -75,26 +76,27 @@ def test_a_bare_yaml_true_names_the_f1_rule():
 
 def _rec(r, val, test, glob=None):
     record = {"round": r, "val": {"f1": val, "acc": val}, "personalization": {"acc": test}}
-    return {**record, "global": None if glob is None else {"acc": glob, "f1": glob}}
+    glob = None if glob is None else {"acc": glob, "f1": glob}
+    return RoundRecord.from_json({**record, "global": glob})
 
 
 def test_selection_rules():
     history = [_rec(1, 0.5, 0.9), _rec(2, 0.7, 0.6), _rec(3, 0.6, 0.7)]
-    assert select_round(history, "val")["round"] == 2
-    assert select_round(history, "best_test")["round"] == 1
-    assert select_round(history, "last")["round"] == 3
+    assert select_round(history, "val").round == 2
+    assert select_round(history, "best_test").round == 1
+    assert select_round(history, "last").round == 3
     no_val = [_rec(1, float("nan"), 0.9), _rec(2, float("nan"), 0.6)]
-    assert select_round(no_val, "val")["round"] == 2
+    assert select_round(no_val, "val").round == 2
 
 
 def test_best_test_takes_the_global_score_from_the_global_models_own_best_round():
     history = [_rec(1, 0.5, 0.9, 0.4), _rec(2, 0.7, 0.6, 0.8), _rec(3, 0.6, 0.7, None)]
-    assert select_round(history, "best_test")["round"] == 1
-    assert select_global_round(history, "best_test")["round"] == 2
-    assert select_global_round(history, "val")["round"] == 2  # the rule's own round
-    assert select_global_round(history, "last")["round"] == 3
+    assert select_round(history, "best_test").round == 1
+    assert select_global_round(history, "best_test").round == 2
+    assert select_global_round(history, "val").round == 2  # the rule's own round
+    assert select_global_round(history, "last").round == 3
     no_global = [_rec(1, 0.5, 0.9), _rec(2, 0.7, 0.6)]
-    assert select_global_round(no_global, "best_test")["global"] is None
+    assert select_global_round(no_global, "best_test").global_ is None
 
 
 def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_scores(
@@ -130,8 +132,8 @@ def test_a_global_model_shared_by_the_clients_is_predicted_once_with_the_same_sc
     assert calls == [len(evaluator.test.y), len(evaluator.val.y)]  # test and val, once each
     twice = evaluator.evaluate(lambda i: shared, copy)  # an equal model in other tensors
     assert len(calls) == 5  # ... is predicted again
-    assert once["global"] == twice["global"] and once["personalization"] == twice["personalization"]
-    assert 0.0 < once["global"]["acc"] < 1.0
+    assert once.global_ == twice.global_ and once.personalization == twice.personalization
+    assert 0.0 < once.global_.acc < 1.0
 
 
 def _counting(evaluator, calls: list[int]):
@@ -203,7 +205,7 @@ def test_a_sample_of_the_whole_union_gives_the_whole_union_scores(digits_clients
     fed, model, weights = _two_client_setup(digits_clients)
     reference = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
     union = sum(len(c.test_y) for c in fed.clients)
-    assert reference["samples"] == {"test": union, "generalization": union}
+    assert reference.samples == SampleSizes(union, union)
     for setting in (0, union, union + 5):
         got = Evaluator(fed, model, generalization_samples=setting, seed=3).evaluate(
             weights.__getitem__, weights[0]
@@ -220,11 +222,11 @@ def test_a_sample_changes_generalization_only(digits_clients):
     whole = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
     first = Evaluator(fed, model, generalization_samples=40, seed=3)
     sampled = first.evaluate(weights.__getitem__, weights[0])
-    assert sampled["samples"] == {"test": whole["samples"]["test"], "generalization": 40}
-    for key in ("personalization", "val", "global"):
-        assert sampled[key] == whole[key], key
+    assert sampled.samples == SampleSizes(whole.samples.test, 40)
+    for key in ("personalization", "val", "global_"):
+        assert getattr(sampled, key) == getattr(whole, key), key
     for key in ("pers_acc", "pers_f1", "val_acc", "val_f1"):
-        assert sampled["clients"][key] == whole["clients"][key], key
+        assert getattr(sampled.clients, key) == getattr(whole.clients, key), key
     assert np.bincount(first.gen_y, minlength=10).sum() == 40
     again = Evaluator(fed, model, generalization_samples=40, seed=3)
     assert np.array_equal(again.gen_index, first.gen_index)
@@ -233,7 +235,7 @@ def test_a_sample_changes_generalization_only(digits_clients):
     assert not np.array_equal(other.gen_index, first.gen_index)
     # a model shared by both clients (FedAvg) is scored on the same sample
     shared = first.evaluate(lambda i: weights[0], weights[0])
-    assert shared["clients"]["gen_acc"] == [sampled["clients"]["gen_acc"][0]] * 2
+    assert shared.clients.gen_acc == [sampled.clients.gen_acc[0]] * 2
 
 
 def test_personalized_models_predict_the_validation_union_never(digits_clients):
@@ -269,10 +271,10 @@ def test_personalized_models_predict_the_validation_union_never(digits_clients):
         [predict(models[i], "val")[lo:hi] for i, (lo, hi) in enumerate(evaluator.val.bounds)]
     )
     acc, f1 = per_segment_scores(evaluator.val.y, val_pred, evaluator.val.owner, n, 10)
-    assert scores["clients"]["val_acc"] == acc.tolist()
-    assert scores["clients"]["val_f1"] == f1.tolist()
+    assert scores.clients.val_acc == acc.tolist()
+    assert scores.clients.val_f1 == f1.tolist()
     evaluator.generalization = False
-    assert evaluator.evaluate(lambda i: models[i], None)["val"] == scores["val"]
+    assert evaluator.evaluate(lambda i: models[i], None).val == scores.val
 
 
 def test_models_that_share_a_body_embed_it_once_with_the_same_scores(digits_clients):
