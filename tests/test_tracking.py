@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import protofed
 from protofed.cli import app
+from protofed.core.results import RoundInfo, RoundRecord
 from protofed.tracking import duration
 
 runner = CliRunner()
@@ -195,7 +196,7 @@ def test_provenance_across_a_resume_with_tensorboard(tmp_path, shared_data):
     class Killed(Exception):
         pass
 
-    def kill(r: int, info: dict, record: dict | None) -> None:
+    def kill(r: int, info: RoundInfo, record: RoundRecord | None) -> None:
         if r == 3:
             raise Killed
 
