@@ -34,10 +34,9 @@ from protofed.errors import ConfigError
 
 def save_npz(path: Path, **arrays: Any) -> Path:
     """np.savez_compressed, written atomically (`core.files.atomic_write`)."""
-    return atomic_write(
-        path,
-        lambda handle: np.savez_compressed(handle, **{k: np.asarray(v) for k, v in arrays.items()}),
-    )
+    # Any, not ndarray: numpy's stub would have any keyword be `allow_pickle: bool`
+    named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+    return atomic_write(path, lambda handle: np.savez_compressed(handle, **named))
 
 
 def save_csv(path: Path, frame: pd.DataFrame) -> Path:
@@ -223,7 +222,7 @@ def _tar_member(archive: tarfile.TarFile, suffix: str) -> bytes:
             handle = archive.extractfile(member)
             assert handle is not None
             return handle.read()
-    raise ConfigError(f"{archive.name}: no member ending in '{suffix}'")
+    raise ConfigError(f"{archive.name!s}: no member ending in '{suffix}'")
 
 
 def parse_wisdm_raw(text: str) -> pd.DataFrame:
@@ -552,7 +551,9 @@ def _cifar_records(data: bytes, label_bytes: int, where: str) -> tuple[np.ndarra
     return np.ascontiguousarray(x), records[:, label_bytes - 1].copy()
 
 
-def _convert_cifar(raw: Path, root: Path, out: str, parts: dict[str, list[str]], lb: int):
+def _convert_cifar(
+    raw: Path, root: Path, out: str, parts: dict[str, list[str]], lb: int
+) -> list[Path]:
     tars = sorted(raw.glob("*.tar.gz"))
     if not tars:
         raise ConfigError(f"no CIFAR binary .tar.gz in {raw}")

@@ -62,7 +62,9 @@ class ResumableDownloader:
         self.resumed_at = 0  # bytes already present when this download started
         self.transferred = 0  # bytes read from the source by this download
 
-    def __call__(self, url: str, output_file: Any, pooch: Any = None, check_only=False) -> Any:
+    def __call__(
+        self, url: str, output_file: Any, pooch: Any = None, check_only: bool = False
+    ) -> Any:
         if check_only:
             return True
         offset = self.part.stat().st_size if self.part.is_file() else 0
@@ -165,7 +167,9 @@ def verify(path: Path, expected: str) -> None:
         )
 
 
-def fetch_file(remote: Remote, folder: Path, *, log: Log = stderr_log, progress=None) -> Path:
+def fetch_file(
+    remote: Remote, folder: Path, *, log: Log = stderr_log, progress: bool | None = None
+) -> Path:
     """Bring `remote` into `folder` (or check the copy already there) and return its path."""
     import pooch
     import requests

@@ -228,6 +228,7 @@ def _predefined_split(
     For reproducing a library's exact work (PFLlib's UCI-HAR is split 75/25 per subject).
     `fractions[1] / (fractions[0] + fractions[1])` of each client's training samples go to val.
     """
+    assert ds.predefined_split is not None  # build_federated refuses a set without one
     published = ds.predefined_split[idx]
     train_pos, test_pos = np.flatnonzero(published == 0), np.flatnonzero(published == 1)
     val_share = fractions[1] / (fractions[0] + fractions[1])
@@ -322,7 +323,7 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
             "source": _jsonable(ds.meta),
         },
     )
-    fed.counts = sum(fed.counts_by_split().values())
+    fed.counts = np.sum(list(fed.counts_by_split().values()), axis=0)
     return fed
 
 

@@ -105,7 +105,10 @@ def combined(members: list[Dataset], channels: list[str], length: int) -> Datase
     the windows harmonized as above. Published train/test splits are dropped: members that
     have one and members that do not would be split by different rules."""
     names: list[str] = []
-    xs, ys, groups, group_names = [], [], [], []
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+    group_names: list[str] = []
     counts: dict[str, int] = {}
     for ds in members:
         missing = missing_channels(ds, channels)
