@@ -13,28 +13,42 @@ embed.py       embed RUN: t-SNE of embeddings and of class prototypes across rou
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from protofed.core.files import atomic_write, check_writable
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 FORMATS = ("png", "pdf")
 DPI = 150
 
 
-def new_figure(width: float = 6.4, height: float = 4.2, **subplots) -> tuple[Figure, object]:
-    """A figure and its axes, on the headless backend, in the house style."""
+def new_figure(
+    width: float = 6.4, height: float = 4.2, *, layout: str | None = None
+) -> tuple[Figure, Axes]:
+    """A figure with one axes, on the headless backend, in the house style."""
+    fig, axes = new_grid(width, height, 1, 1, layout=layout)
+    return fig, axes[0]
+
+
+def new_grid(
+    width: float, height: float, rows: int, cols: int, *, layout: str | None = None
+) -> tuple[Figure, list[Axes]]:
+    """A figure and its rows x cols axes, row by row, on the headless backend, in the house
+    style. `layout` is matplotlib's ("constrained" keeps legends outside the axes)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     with plt.style.context("default"):
-        fig, axes = plt.subplots(figsize=(width, height), **subplots)
+        fig, grid = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, layout=layout)
+    axes: list[Axes] = list(grid.ravel())
     return fig, axes
 
 
@@ -42,6 +56,10 @@ def figure_paths(prefix: str | Path) -> list[Path]:
     """The files `save_figure(fig, prefix)` writes: PREFIX.png and PREFIX.pdf."""
     prefix = Path(prefix)
     return [prefix.with_name(f"{prefix.name}.{fmt}") for fmt in FORMATS]
+
+
+def _save_as(fig: Figure, fmt: str, handle: BinaryIO) -> None:
+    fig.savefig(handle, format=fmt, dpi=DPI)
 
 
 def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
@@ -61,6 +79,6 @@ def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
     if fig.get_layout_engine() is None:  # a constrained layout (legends outside) stays
         fig.tight_layout()
     for path, fmt in zip(paths, FORMATS, strict=True):
-        atomic_write(path, lambda h, fmt=fmt: fig.savefig(h, format=fmt, dpi=DPI))
+        atomic_write(path, functools.partial(_save_as, fig, fmt))
     plt.close(fig)
     return paths

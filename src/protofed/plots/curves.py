@@ -21,12 +21,11 @@ import pandas as pd
 from protofed.api import Run
 from protofed.core.files import check_writable
 from protofed.errors import ConfigError
-from protofed.plots import figure_paths, new_figure, save_figure
+from protofed.plots import figure_paths, new_figure, new_grid, save_figure
 from protofed.report import Group
 from protofed.runs import PARTITION
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 # per-round curves: history column, y label, whether it is a score (shown in %)
@@ -149,15 +148,9 @@ def learning_curves(groups: Sequence[Group], title: str | None = None) -> Figure
         raise ConfigError(f"nothing to plot: no evaluated round in the metrics.jsonl of {runs}")
     cols = 1 if len(panels) == 1 else 2
     rows = (len(panels) + 1) // 2 if cols == 2 else 1
-    fig, axes = new_figure(
-        5.2 * cols,
-        3.4 * rows + 0.6 + 0.22 * len(groups),
-        nrows=rows,
-        ncols=cols,
-        squeeze=False,
-        layout="constrained",
+    fig, flat = new_grid(
+        5.2 * cols, 3.4 * rows + 0.6 + 0.22 * len(groups), rows, cols, layout="constrained"
     )
-    flat: list[Axes] = list(axes.ravel())
     colors = _colors(len(groups))
     arrivals = _arrivals(groups)
     handles: list = []
@@ -226,10 +219,10 @@ def client_distributions(groups: Sequence[Group], title: str | None = None) -> F
         data, positions=positions, widths=0.55, showfliers=False, medianprops={"color": "black"}
     )
     rng = np.random.default_rng(0)  # jitter only: where a point sits sideways means nothing
-    for pos, vals, color in zip(positions, data, colors, strict=True):
+    for pos, scores, color in zip(positions, data, colors, strict=True):
         ax.scatter(
-            pos + rng.uniform(-0.18, 0.18, len(vals)),
-            vals,
+            pos + rng.uniform(-0.18, 0.18, len(scores)),
+            scores,
             s=12,
             color=color,
             alpha=0.7,
@@ -275,7 +268,7 @@ def pers_vs_gen(groups: Sequence[Group], title: str | None = None) -> Figure | N
     ax.set_xlabel("generalization macro-F1 (%)")
     ax.set_ylabel("personalization macro-F1 (%)")
     ax.grid(alpha=0.3)
-    _legend_below(fig, handles, [h.get_label() for h in handles])
+    _legend_below(fig, handles, [str(h.get_label()) for h in handles])
     ax.set_title(
         title or "Personalization vs generalization:\nruns (dots), group means (diamonds)",
         fontsize=10,

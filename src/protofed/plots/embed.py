@@ -27,6 +27,7 @@ from protofed.runtime.keep import read_kept
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     from protofed.data.federated import FederatedData
 
@@ -150,12 +151,15 @@ def other_data_windows(
     mapped = label[other.y]
     if not (mapped >= 0).any():
         raise ConfigError(f"--other-data: {name} shares no activity with {cfg.data.name}")
-    users = np.unique(other.groups[mapped >= 0])
+    groups, group_names = other.groups, other.group_names
+    if groups is None or group_names is None:
+        raise ConfigError(f"--other-data: {name} does not say which user recorded a window")
+    users = np.unique(groups[mapped >= 0])
     user = int(_rng(run.config.seed, 2).choice(users))
-    rows = np.flatnonzero((other.groups == user) & (mapped >= 0))
+    rows = np.flatnonzero((groups == user) & (mapped >= 0))
     rows = np.sort(_rng(run.config.seed, 3).permutation(rows)[:max_points])
     x = harmonized_windows(other, want, target.X.shape[-1])[rows]
-    return x, mapped[rows], str(other.group_names[user])
+    return x, mapped[rows], str(group_names[user])
 
 
 @dataclass
@@ -259,9 +263,24 @@ def draw_embedding(m: EmbeddingMap) -> Figure:
     colours = np.asarray(_class_colours(len(m.class_names)))
     xy, y, mine = m.xy, m.labels, m.own
     fig, ax = new_figure(7.2, 5.4)
-    ax.scatter(*xy[~mine].T, c=colours[y[~mine]], marker="x", s=14, linewidths=0.8, alpha=0.6)
+    theirs = xy[~mine]
     ax.scatter(
-        *xy[mine].T, c=colours[y[mine]], marker="o", s=16, edgecolors="black", linewidths=0.3
+        theirs[:, 0],
+        theirs[:, 1],
+        c=colours[y[~mine]],
+        marker="x",
+        s=14,
+        linewidths=0.8,
+        alpha=0.6,
+    )
+    ax.scatter(
+        xy[mine][:, 0],
+        xy[mine][:, 1],
+        c=colours[y[mine]],
+        marker="o",
+        s=16,
+        edgecolors="black",
+        linewidths=0.3,
     )
     ax.set_xlabel("t-SNE 1")
     ax.set_ylabel("t-SNE 2")
@@ -298,12 +317,26 @@ def embedding_figure(
     )
 
 
-def prototype_figure(run: Run | str | Path) -> Figure:
-    """t-SNE of every kept prototype: colour = class, star = global, dot = a client's;
-    fainter = earlier round."""
-    from matplotlib.lines import Line2D
+@dataclass
+class PrototypeMap:
+    """Every kept prototype, mapped by t-SNE, with what each point is."""
 
-    run = run if isinstance(run, Run) else Run(run)
+    xy: np.ndarray  # (N, 2)
+    classes: np.ndarray  # each point's class index
+    rounds: np.ndarray  # each point's kept round
+    owners: np.ndarray  # each point's index into `names`
+    names: list[str]  # the kept sets: "global" first, then the clients in order
+    class_names: list[str]
+    kept_rounds: list[int]  # in order
+
+    @property
+    def clients(self) -> list[str]:
+        return [n for n in self.names if n != "global"]
+
+
+def prototype_map(run: Run) -> PrototypeMap:
+    """The t-SNE map of the prototypes `run` kept; a one-line error where there are none or
+    the files do not fit together."""
     cfg = run.config
     if cfg.eval.keep_prototypes_every > 0 and not (run.path / "prototypes").is_dir():
         raise ConfigError(
@@ -314,7 +347,7 @@ def prototype_figure(run: Run | str | Path) -> Figure:
     with reading(run.path / PARTITION):
         class_names = part.get("class_names") or [str(k) for k in range(int(part["num_classes"]))]
     names = sorted({n for s in kept.values() for n in s}, key=_set_order)
-    rows, classes, rounds, owner = [], [], [], []
+    rows, classes, rounds, owners = [], [], [], []
     for r, sets in kept.items():
         for name, (means, ids) in sets.items():
             if means.dtype.kind not in "iuf" or not np.isfinite(means).all():
@@ -325,7 +358,7 @@ def prototype_figure(run: Run | str | Path) -> Figure:
             rows.append(means)
             classes.append(ids)
             rounds.append(np.full(len(ids), r))
-            owner.append(np.full(len(ids), names.index(name)))
+            owners.append(np.full(len(ids), names.index(name)))
     if not rows or sum(len(c) for c in classes) == 0:
         raise ConfigError(f"{run.path}: the kept prototype files hold no prototype")
     widths = {r.shape[1] for r in rows if r.ndim == 2}
@@ -334,43 +367,43 @@ def prototype_figure(run: Run | str | Path) -> Figure:
             f"{run.path / 'prototypes'}: the kept prototypes differ in width ({sorted(widths)}); "
             "the files come from different runs"
         )
-    xy = tsne(np.concatenate(rows), run.config.seed)
-    cls, rnd, who = np.concatenate(classes), np.concatenate(rounds), np.concatenate(owner)
-    order = sorted(kept)
-    alpha = {r: 0.25 + 0.75 * (j + 1) / len(order) for j, r in enumerate(order)}
-    colours = np.asarray(_class_colours(len(class_names)))
+    return PrototypeMap(
+        tsne(np.concatenate(rows), cfg.seed),
+        np.concatenate(classes),
+        np.concatenate(rounds),
+        np.concatenate(owners),
+        names,
+        class_names,
+        sorted(kept),
+    )
 
-    fig, ax = new_figure(7.2, 5.4)
-    clients = [n for n in names if n != "global"]
+
+def _set_markers(m: PrototypeMap) -> dict[str, str]:
+    """A star for the global set; one marker per client while they last, else dots."""
+    clients = m.clients
     marker = {
         n: "o" if len(clients) > len(CLIENT_MARKERS) else CLIENT_MARKERS[j]
         for j, n in enumerate(clients)
     }
     marker["global"] = "*"
-    for r in order:
-        for j, name in enumerate(names):
-            pick = (rnd == r) & (who == j)
-            if pick.any():
-                is_g = name == "global"
-                ax.scatter(
-                    *xy[pick].T,
-                    c=colours[cls[pick]],
-                    marker=marker[name],
-                    s=120 if is_g else 16,
-                    alpha=alpha[r],
-                    edgecolors="black" if is_g else "none",
-                    linewidths=0.5,
-                )
-    ax.set_xlabel("t-SNE 1")
-    ax.set_ylabel("t-SNE 2")
-    ax.set_title(
-        f"{run.config.algorithm.name}: class prototypes over rounds {order[0]}-{order[-1]}\n"
-        f"({'global and ' if 'global' in names else ''}{len(clients)} clients' local, "
-        f"{len(order)} kept rounds)",
-        fontsize=10,
-    )
+    return marker
+
+
+def _round_alpha(m: PrototypeMap) -> dict[int, float]:
+    """Each kept round's opacity: fainter = earlier."""
+    order = m.kept_rounds
+    return {r: 0.25 + 0.75 * (j + 1) / len(order) for j, r in enumerate(order)}
+
+
+def _prototype_legend(
+    m: PrototypeMap, marker: dict[str, str], alpha: dict[int, float], colours: np.ndarray
+) -> list[Line2D]:
+    """The legend's handles: the sets (global, clients), a few rounds, the classes."""
+    from matplotlib.lines import Line2D
+
+    order, clients = m.kept_rounds, m.clients
     handles = []
-    if "global" in names:
+    if "global" in m.names:
         handles.append(
             Line2D(
                 [],
@@ -391,13 +424,57 @@ def prototype_figure(run: Run | str | Path) -> Figure:
         Line2D([], [], marker="o", ls="", color="grey", alpha=alpha[r], label=f"round {r}")
         for r in (order if len(order) <= 6 else [order[0], order[len(order) // 2], order[-1]])
     ]
-    present = np.unique(cls)
+    present = np.unique(m.classes)
     if len(present) <= MAX_CLASSES_IN_LEGEND:
         handles += [
-            Line2D([], [], marker="s", ls="", color=colours[k], label=class_names[k])
+            Line2D([], [], marker="s", ls="", color=colours[k], label=m.class_names[k])
             for k in present
         ]
+    return handles
+
+
+def draw_prototypes(m: PrototypeMap, algorithm: str) -> Figure:
+    """`m` drawn: colour = class, star = global, a marker per client; fainter = earlier."""
+    order, clients = m.kept_rounds, m.clients
+    alpha = _round_alpha(m)
+    colours = np.asarray(_class_colours(len(m.class_names)))
+    marker = _set_markers(m)
+    fig, ax = new_figure(7.2, 5.4)
+    for r in order:
+        for j, name in enumerate(m.names):
+            pick = (m.rounds == r) & (m.owners == j)
+            if pick.any():
+                is_g = name == "global"
+                ax.scatter(
+                    m.xy[pick, 0],
+                    m.xy[pick, 1],
+                    c=colours[m.classes[pick]],
+                    marker=marker[name],
+                    s=120 if is_g else 16,
+                    alpha=alpha[r],
+                    edgecolors="black" if is_g else "none",
+                    linewidths=0.5,
+                )
+    ax.set_xlabel("t-SNE 1")
+    ax.set_ylabel("t-SNE 2")
+    ax.set_title(
+        f"{algorithm}: class prototypes over rounds {order[0]}-{order[-1]}\n"
+        f"({'global and ' if 'global' in m.names else ''}{len(clients)} clients' local, "
+        f"{len(order)} kept rounds)",
+        fontsize=10,
+    )
     ax.legend(
-        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+        handles=_prototype_legend(m, marker, alpha, colours),
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
     )
     return fig
+
+
+def prototype_figure(run: Run | str | Path) -> Figure:
+    """t-SNE of every kept prototype (`prototype_map`), drawn (`draw_prototypes`): colour =
+    class, star = global, dot = a client's; fainter = earlier round."""
+    run = run if isinstance(run, Run) else Run(run)
+    return draw_prototypes(prototype_map(run), run.config.algorithm.name)

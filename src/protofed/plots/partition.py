@@ -19,6 +19,7 @@ from protofed.data.federated import FederatedData
 from protofed.plots import new_figure
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 MAX_ANNOTATED_CELLS = 400  # beyond this, numbers in cells are unreadable
@@ -35,8 +36,8 @@ def client_domains(fed: FederatedData) -> tuple[list[int], list[str]] | None:
     several clients (a natural partition of people gives each its own group: the client
     names already say it).
     """
-    groups = [c.group for c in fed.clients]
-    if any(g is None for g in groups) or len(set(groups)) == len(groups):
+    groups = [c.group for c in fed.clients if c.group is not None]
+    if len(groups) < len(fed.clients) or len(set(groups)) == len(groups):
         return None
     names = fed.meta.get("group_names") or []
     used = sorted(set(groups))
@@ -92,7 +93,7 @@ def partition_figure(fed: FederatedData, title: str | None = None) -> Figure:
     return fig
 
 
-def _domain_strip(ax, index: list[int], names: list[str]) -> None:
+def _domain_strip(ax: Axes, index: list[int], names: list[str]) -> None:
     """A coloured cell left of each client's row, and the legend of the domains above."""
     from matplotlib.patches import Patch
     from matplotlib.transforms import ScaledTranslation, blended_transform_factory
