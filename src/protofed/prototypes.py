@@ -43,7 +43,8 @@ def embed(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 512) -> tor
     was_training = model.training
     model.eval()
     try:
-        chunks = [model.features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+        features = model.get_submodule("features")
+        chunks = [features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     finally:
         model.train(was_training)
     return torch.cat(chunks).reshape(len(x), -1) if chunks else x.new_zeros(0, 1)
@@ -215,7 +216,7 @@ def lloyd(
         labels, centroids = new_labels, moved
         if shift <= threshold:
             break
-    if not strict:
+    if not strict or labels is None:  # strict: labels are the last assignment's
         labels = _assign(x, centroids, labels)
     return centroids.to(points.dtype), labels.cpu()
 

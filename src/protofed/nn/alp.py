@@ -87,6 +87,8 @@ def _row_argmax(kernel: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class ALP(nn.Module):
     """ALignment with Prototypes on a token stream (..., d); see the module docstring."""
 
+    gamma: torch.Tensor  # the EMA's rate, a scalar buffer (registered in __init__)
+
     def __init__(
         self,
         dim: int,

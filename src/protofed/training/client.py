@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +63,9 @@ class Client:
         *,
         epochs: int | None = None,
         loss_fn: LossFn = cross_entropy,
-        parameters=None,
+        parameters: Iterable[torch.nn.Parameter] | None = None,
         lr: float | None = None,
-        after_step=None,
+        after_step: Callable[[], None] | None = None,
     ) -> Metrics:
         """Train the workspace model on this client's training split; its metrics.
 

@@ -1,46 +1,32 @@
 """Local training on cross-entropy without autograd, for sequential models on the CPU.
 
-Federated clients take many tiny steps (batch 10 in PFLlib's HAR setting). At that size the
-autograd graph and a fresh gradient buffer per weight cost as much as the arithmetic. For the
-common case, where all of that is unnecessary, this module runs the same mathematics by hand:
-a forward pass that keeps what the backward pass needs, then, layer by layer from the top,
-the input gradient (with the old weights) and the layer's weight gradient.
+Federated clients take many tiny steps, where the autograd graph and a fresh gradient buffer
+per weight cost as much as the arithmetic. For the common case this module runs the same
+mathematics by hand: a forward pass that keeps what the backward pass needs, then, layer by
+layer from the top, the input gradient (with the old weights) and the layer's weight gradient.
+Plain SGD (`SGDInPlace`) applies each weight gradient in place during the sweep, folding the
+largest into `W.addmm_(-lr * dY^T X)`; every other optimizer (`OptimizerStep`) gets the
+gradients as `.grad` and takes torch's own step (`training.loop.make_optimizer`).
 
-What happens to a weight gradient is the update rule's business:
-- plain SGD (`SGDInPlace`) applies it in place during the sweep, and folds the largest weight
-  gradient into its update (`W.addmm_(-lr * dY^T X)`), so it never exists as a buffer;
-- every other optimizer (`OptimizerStep`: SGD with momentum, Nesterov or weight decay, Adam,
-  AdamW) gets the gradients as `.grad` and takes torch's own step, so its arithmetic is
-  torch's (see `training.loop.make_optimizer` for the fused kernels it runs).
-
-It applies only when the result is the same as autograd's: the default loss, every parameter
-trained, no per-step hook, float32 on the CPU (`train.precision=fp32`: bf16 takes the autograd
-loop), and a model whose `features` is an `nn.Sequential` of Conv1d / ReLU / MaxPool1d(2) /
-AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d and harcnn are). Anything else takes the autograd loop. Tests check that both give the
-same weights to fp32 rounding for every optimizer.
-
-What it wins (`python benchmarks/speed_optimizers.py --against`, harcnn at batch 10, one
-thread, ms a step, 2026-11-26, an AVX2 AMD EPYC, nothing else running, two sittings): plain
-SGD 10.09-10.15 against autograd's 12.39-12.75 on the same (MKL) products, 1.23-1.26x, as its
-updates need no gradient buffers. For momentum and Adam it ties with autograd plus the same
-fused optimizer kernel (13.28 against 13.03, 13.89 against 13.75; the other sitting 12.78
-against 12.91, 14.28 against 15.35): their extra time is that kernel either way, and the path
-is kept for them because it never loses by more than noise. `torch.compile` of the autograd
-step was slower than plain autograd in every case (e.g. 13.44 against 12.75 for plain SGD),
-so it is not used.
+It applies only where the result is autograd's: the default loss, every parameter trained, no
+per-step hook, float32 on the CPU, and a model whose `features` is an `nn.Sequential` of
+Conv1d / ReLU / MaxPool1d(2) / AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d, harcnn).
+Tests check both paths give the same weights to fp32 rounding for every optimizer. Measured
+faster than autograd for plain SGD and a tie for the others, see docs/speed.md.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.nn.linear import POINTWISE, onednn_in_use
+from protofed.nn.linear import onednn_in_use, onednn_linear
 
 # From this many weights on, `W.addmm_(-lr * dY^T X)` beats oneDNN's dW followed by `W -= lr dW`:
-# it never writes dW, and for harcnn's 1024 x 1664 layer that traffic is what two workers
-# contend for (3.1 against 3.5-3.9 ms a step with two processes, 2.7 against 2.8-2.9 alone).
+# it never writes dW, the memory traffic that worker processes contend for (docs/speed.md).
 _FUSED_UPDATE_FROM = 2**20
 
 
@@ -97,7 +83,7 @@ class Kernels:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.onednn:
-            return POINTWISE(x, w, b, "none", [], "")
+            return onednn_linear(x, w, b)
         return F.linear(x, w, b)
 
     def input_grad(self, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -145,7 +131,8 @@ class SGDInPlace:
 
     def conv(self, layer: nn.Conv1d, gw: torch.Tensor, gb: torch.Tensor) -> None:
         layer.weight.sub_(gw, alpha=self.lr)
-        layer.bias.sub_(gb, alpha=self.lr)
+        if layer.bias is not None:  # always: `sequential_layers` takes convolutions with bias
+            layer.bias.sub_(gb, alpha=self.lr)
 
     def finish(self) -> None:
         pass
@@ -163,13 +150,19 @@ class OptimizerStep:
             layer.bias.grad = g.sum(0)
 
     def conv(self, layer: nn.Conv1d, gw: torch.Tensor, gb: torch.Tensor) -> None:
-        layer.weight.grad, layer.bias.grad = gw, gb
+        layer.weight.grad = gw
+        if layer.bias is not None:  # always: `sequential_layers` takes convolutions with bias
+            layer.bias.grad = gb
 
     def finish(self) -> None:
         self.optimizer.step()
 
 
 Update = SGDInPlace | OptimizerStep
+# What the forward pass keeps for a layer's backward: its input (Linear, Conv1d), its output
+# (ReLU), the winners' mask and input length (MaxPool1d), the input length (AdaptiveAvgPool1d),
+# the input shape (Flatten).
+Saved = torch.Tensor | tuple[torch.Tensor, int] | int | torch.Size
 
 
 @torch.no_grad()
@@ -178,7 +171,7 @@ def fused_step(
 ) -> torch.Tensor:
     """One step on the mean cross-entropy; returns the (pre-update) loss."""
     kernels = update.kernels
-    saved: list[object] = []
+    saved: list[Saved] = []
     h = x
     for layer in layers:
         if isinstance(layer, nn.Linear):
@@ -211,8 +204,9 @@ def fused_step(
         layer, s = layers[i], saved[i]
         need_input_grad = i > 0
         if isinstance(layer, nn.Linear):
-            gx = kernels.input_grad(g, layer.weight) if need_input_grad else None
-            update.linear(layer, g, s)
+            # the input gradient with the old weights (the first layer's is never used)
+            gx = kernels.input_grad(g, layer.weight) if need_input_grad else g
+            update.linear(layer, g, cast(torch.Tensor, s))
             g = gx
         elif isinstance(layer, nn.Conv1d):
             gx, gw, gb = torch.ops.aten.convolution_backward(
@@ -231,13 +225,14 @@ def fused_step(
             update.conv(layer, gw, gb)
             g = gx
         elif isinstance(layer, nn.ReLU):
-            g = g * (s > 0)
+            g = g * (cast(torch.Tensor, s) > 0)
         elif isinstance(layer, nn.MaxPool1d):
-            first, length = s
+            first, length = cast(tuple[torch.Tensor, int], s)
             g = _pool_backward(g, first, length)
         elif isinstance(layer, nn.AdaptiveAvgPool1d):
-            g = g.expand(-1, -1, s) / s
+            length = cast(int, s)
+            g = g.expand(-1, -1, length) / length
         else:  # Flatten
-            g = g.reshape(s)
+            g = g.reshape(cast(torch.Size, s))
     update.finish()
     return loss

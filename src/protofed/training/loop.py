@@ -40,24 +40,27 @@ def make_optimizer(
     """torch's optimizer for `train`, on its fused kernel where torch has one for the params.
 
     The fused kernels (one vectorised pass over each tensor, on the CPU since torch 2.4) do
-    the foreach arithmetic in fewer passes over memory: for harcnn's 2.25 M weights, one
-    thread, Adam's step took 3.9 ms against foreach's 11.6, momentum SGD's 2.7 against 3.5
-    (200 steps on random gradients, 2026-11-25, a loaded machine; plain SGD stays on foreach,
-    which was faster there). Whole rounds: benchmarks/speed_optimizers.py.
+    the foreach arithmetic in fewer passes over memory; plain SGD stays on foreach, which
+    measured faster. Timings: docs/speed.md.
     """
     lr = train.lr if lr is None else lr
     params = list(params)
-    kernel = {"foreach": True} if plain_sgd(train) or not _fusable(params) else {"fused": True}
+    fused = not plain_sgd(train) and _fusable(params)
+    foreach: bool | None = None if fused else True  # exactly one of the two kernels is asked
+    fused_kernel: bool | None = True if fused else None
     if train.optimizer in ("adam", "adamw"):
         cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=lr, weight_decay=train.weight_decay, **kernel)
+        return cls(
+            params, lr=lr, weight_decay=train.weight_decay, foreach=foreach, fused=fused_kernel
+        )
     return torch.optim.SGD(
         params,
         lr=lr,
         momentum=train.momentum,
         weight_decay=train.weight_decay,
         nesterov=train.nesterov and train.momentum > 0,
-        **kernel,
+        foreach=foreach,
+        fused=fused_kernel,
     )
 
 
@@ -161,7 +164,14 @@ def _frozen_norms(model: nn.Module, trainable: set[int]) -> list[nn.Module]:
     ]
 
 
-def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.Module] | None:
+def _fused_layers(
+    model: nn.Module,
+    x: torch.Tensor,
+    train: TrainConfig,
+    loss_fn: LossFn,
+    parameters: Iterable[torch.nn.Parameter] | None,
+    after_step: Callable[[], None] | None,
+) -> list[nn.Module] | None:
     """The model's layers if the step can run without autograd (see training/fused.py)."""
     if not (
         train.fused
@@ -178,7 +188,16 @@ def _fused_layers(model, x, train, loss_fn, parameters, after_step) -> list[nn.M
     return sequential_layers(model)
 
 
-def _train_fused(model, layers, x, y, train, generator, epochs, lr) -> dict[str, float]:
+def _train_fused(
+    model: nn.Module,
+    layers: list[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: TrainConfig,
+    generator: torch.Generator,
+    epochs: int,
+    lr: float | None,
+) -> dict[str, float]:
     kernels = Kernels()
     if plain_sgd(train):
         update: SGDInPlace | OptimizerStep = SGDInPlace(kernels, train.lr if lr is None else lr)

@@ -66,7 +66,7 @@ from protofed.data.harmonize import (
 )
 from protofed.errors import ConfigError
 from protofed.models import build_model
-from protofed.models.transformers import DIM, FRAME, HartBlock
+from protofed.models.transformers import DIM, FRAME, HartBlock, HartFeatures
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL, alp_layers
 
 PRETRAIN = 1019
@@ -146,7 +146,7 @@ def pooled_windows(cfg: ExperimentConfig) -> Pool:
 class MaskedAutoencoder(nn.Module):
     """HART's encoder (`features`, shared with the classifier) plus an MAE decoder."""
 
-    def __init__(self, features: nn.Module, mask_ratio: float, decoder_blocks: int) -> None:
+    def __init__(self, features: HartFeatures, mask_ratio: float, decoder_blocks: int) -> None:
         super().__init__()
         self.features = features
         self.num_tokens = int(features.tokens)
@@ -213,6 +213,8 @@ class Pretraining:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))  # where a run would start
             model = build_model(cfg.model, shape, 2)
+            if not isinstance(model.features, HartFeatures):  # model.name is hart: it is
+                raise TypeError(f"pretrain: hart built {type(model.features).__name__} features")
             torch.manual_seed(derive_seed(cfg.seed, PRETRAIN, 2))
             mae = MaskedAutoencoder(
                 model.features, cfg.pretrain.mask_ratio, cfg.pretrain.decoder_blocks
