@@ -284,7 +284,7 @@ def session(har, tmp_path_factory) -> dict:
     """
     out = tmp_path_factory.mktemp("flower")
     configs = {case: _config(har["4"], case.split(":")[0], *extra) for case, extra in CASES.items()}
-    builtin = {case: simulate(prepare(configs[case])).run() for case in CASES}
+    builtin = {case: simulate(prepare(configs[case])).run().to_json() for case in CASES}
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
     configs["too_few"] = _config(
         har["6"], "fedavg", "train.rounds=3", "flower.min_replies=5", "eval.every=3"
@@ -310,7 +310,10 @@ def session(har, tmp_path_factory) -> dict:
     return {
         "signals": {"before": (_own_sigterm, sigint), "after": after},
         "builtin": builtin,
-        "flower": dict(zip(sims, results, strict=True)),
+        "flower": {
+            key: r if isinstance(r, BaseException) else r.to_json()
+            for key, r in zip(sims, results, strict=True)
+        },
         "out": out,
         "log": handler.messages,
         "seconds": time.perf_counter() - t0,

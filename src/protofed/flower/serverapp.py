@@ -80,7 +80,7 @@ def main(grid: Grid, context: Context) -> None:
     transport = loop.transport
     assert isinstance(transport, FlowerTransport), "deploy builds a Flower round loop"
     transport.startup_s = time.perf_counter() - t0  # waiting for nodes, discovery
-    summary = loop.run()
+    summary = loop.run().to_json()
     if summary["status"] == "diverged":
         log.error("protofed: diverged: %s; run directory %s", summary["diverged"], out)
         return

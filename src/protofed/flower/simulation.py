@@ -20,6 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from protofed import plugins
 from protofed.config import ExperimentConfig
+from protofed.core.results import Summary
 from protofed.data.sources import data_root
 from protofed.errors import RunStopped
 from protofed.flower import wire
@@ -90,7 +91,7 @@ class Experiments:
     def __init__(self, loops: list[RoundLoop], on_round: OnRound | None) -> None:
         self.loops = loops
         self.on_round = on_round
-        self.results: list[dict | Exception] = []
+        self.results: list[Summary | Exception] = []
         self.spawned: list[psutil.Process] = []
         self.session_start = 0.0  # the first experiment's start-up counts Flower's own
 
@@ -110,7 +111,7 @@ class Experiments:
         finally:
             self.spawned.extend(psutil.Process().children(recursive=True))
 
-    def run_one(self, grid: Grid, loop: RoundLoop) -> dict | Exception:
+    def run_one(self, grid: Grid, loop: RoundLoop) -> Summary | Exception:
         """One experiment's summary, or the exception that stopped it (reported, not raised)."""
         t_loop = time.perf_counter()
         transport = loop.transport
@@ -172,7 +173,7 @@ def _run_session(experiments: Experiments) -> bool:
 
 def run_simulations(
     loops: list[RoundLoop], on_round: OnRound | None = None
-) -> list[dict | Exception]:
+) -> list[Summary | Exception]:
     """Run experiments one after the other in one session of Flower's simulation engine.
 
     Starting Ray is most of a short run's cost; a sweep (or a test) pays it once. The
@@ -197,7 +198,7 @@ def run_simulations(
     return experiments.results
 
 
-def run_simulation_loop(loop: RoundLoop, on_round: OnRound | None = None) -> dict:
+def run_simulation_loop(loop: RoundLoop, on_round: OnRound | None = None) -> Summary:
     """One experiment in its own Flower simulation session: its summary, or its error."""
     result = run_simulations([loop], on_round)[0]
     if isinstance(result, BaseException):

@@ -37,7 +37,8 @@ log = logging.getLogger("protofed.flower")
 
 
 STOP = threading.Event()
-"""Set when the process is interrupted: the ServerApp thread's waits end within a poll."""
+"""Set when the process is interrupted (`session.request_stop`): the ServerApp thread's waits
+end within a poll."""
 
 
 def exchange(grid: Grid, messages: list[Message], timeout_s: float | None) -> list[Message]:
