@@ -4,10 +4,10 @@ Adding an algorithm means adding one file here that defines an `Algorithm` subcl
 module of this package whose name does not start with an underscore (and is not `base`) is
 imported and searched. Names are unique; an unknown name is an error that lists the valid ones.
 
-An algorithm that declares which model is its clients' local one (`Algorithm.ala_local`) also
-accepts the `algorithm.ala.*` section: with `algorithm.ala.enabled=true` it is built with
-adaptive local aggregation before its local training (`common.ala.with_ala`); for any other
-algorithm that section is an error naming the key.
+An algorithm that names its clients' local model (a class attribute `ala_local`, read by
+`common.ala.declared_local`) also accepts the `algorithm.ala.*` section: with
+`algorithm.ala.enabled=true` it is built with adaptive local aggregation before its local
+training (`common.ala.with_ala`); for any other algorithm that section is an error naming the key.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -106,7 +107,10 @@ def algorithm_class(name: str) -> type[Algorithm]:
         ) from None
 
 
-def _validate(model: type[Hyperparams], raw: dict, prefix: str, name: str) -> Hyperparams:
+P = TypeVar("P", bound=Hyperparams)  # the hyperparameters `_validate` returns
+
+
+def _validate(model: type[P], raw: dict, prefix: str, name: str) -> P:
     """`model` from `raw`, with errors that name the config key (`algorithm.<prefix><key>`)."""
     try:
         return model.model_validate(raw)
@@ -144,7 +148,7 @@ def parse_ala(name: str, raw: dict) -> AlaParams | None:
         raise ConfigError(
             f"'algorithm.{ALA_KEY}' must be a section, e.g. algorithm.{ALA_KEY}.enabled=true (got {section!r})"
         )
-    return _validate(AlaParams, section, f"{ALA_KEY}.", name)  # type: ignore[return-value]
+    return _validate(AlaParams, section, f"{ALA_KEY}.", name)
 
 
 def parse_params(name: str, raw: dict) -> Hyperparams:

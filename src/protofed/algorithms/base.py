@@ -26,7 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -89,10 +89,6 @@ class Algorithm(ABC):
     Params: ClassVar[type[Hyperparams]] = Hyperparams
     has_global_model: ClassVar[bool] = True
     pools_data: ClassVar[bool] = False  # True: the runtime trains one client on all data
-    # Which model is a client's "local" one, for the ALA plug-in (`algorithm.ala.*`, see
-    # algorithms/common/ala.py): "reply" (what the client trained and sent back last time),
-    # "state" (the client state `fit` returns), or None (ALA does not apply).
-    ala_local: ClassVar[Literal["reply", "state"] | None] = None
 
     def __init__(self, params: Hyperparams, setting: Setting) -> None:
         self.params = params

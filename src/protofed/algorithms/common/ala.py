@@ -1,78 +1,24 @@
-"""ALA, adaptive local aggregation (Zhang et al., FedALA, AAAI 2023): the mechanics, once.
+"""ALA, adaptive local aggregation (FedALA, Zhang et al., AAAI 2023): the mechanics, once, and
+the plug-in that brings them to other algorithms (`algorithm.ala.*`).
 
-Before local training a client does not overwrite its local model with the global one. It
-builds
+Before local training a client builds theta_hat = theta_local + (theta_global - theta_local) * W
+on the top p layers and takes every lower layer from the global model; W is trained on s % of
+its data and kept in its state. What it does, how each ambiguity of the paper and the official
+code was settled, and the plug-in: docs/algorithms/fedala.md.
 
-    theta_hat = theta_local + (theta_global - theta_local) * W      on the top p layers,
-    theta_hat = theta_global                                         on every lower layer,
-
-with W element-wise weights, one per parameter of the top p layers, initialised to ones and
-clipped to [0, 1]. W is trained on a random s % of the client's training data with learning
-rate eta, by plain gradient steps: dL/dW = dL/dtheta_hat * (theta_global - theta_local).
-
-Start phase: the first round in which the client has a local model that differs from the
-global one, W is trained epoch after epoch until the standard deviation of the last 10 epoch
-losses is below `threshold`, or until `max_start_epochs` (a warning says so). Later rounds:
-one epoch. W stays in the client's state between rounds.
-
-Decisions, where the slides and the official code (TsingZ0/FedALA, utils/ALA.py) leave room:
-- Layers: the top p entries of `model.layers()` whose parameters the server sends (for a
-  method that sends the whole model, `model.layers()[-p:]`; for FedRep, the top body layers,
-  since the head has no global version). Never counted in tensors, and p = 0 is rejected
-  (the official code counts tensors and reads p = 0 as "all of them").
-- Threshold: 0.1 by default, as in the official code; the paper writes 0.01. The recorded
-  loss is the mean loss of one epoch over the subset (the official code records the last
-  batch's loss of each epoch, on an unshuffled subset); the std is the population std of the
-  last 10. A cap on start-phase epochs (the official loop has none) ends runs that never settle.
-- The subset is s % of the training samples drawn without replacement with the client's
-  seeded generator, fresh each round and reshuffled each epoch (the official code takes a
-  contiguous random slice and never shuffles it); partial last batches are kept.
-- The loss W is trained on is cross-entropy, whatever the method's own local objective.
-- Buffers (BatchNorm statistics) come from the global model in every layer, the top ones
-  included: W is defined on parameters only. The official code copies parameters only and
-  leaves the client's buffers local; its models have none.
-- The forward passes run in train mode (as the official code, whose copy inherits the mode of
-  the last local training); any BatchNorm statistics they change are discarded. When W
-  covers only the head and the body has no BatchNorm or dropout, the subset is embedded once
-  per round and each step runs the head alone (the same numbers, without re-running the
-  frozen body every epoch of the start phase).
-- A client's first round has no local model: it starts from the global model (the official
-  code skips ALA while local and global are equal). Its start phase is its next round.
-- Inside a round, every step's loss is taken at theta_hat(W) with the current W (the official
-  code's first step of a round runs on the previous local top layers instead, since its
-  temporary model is a copy of the local one before any W is applied).
-- The personalized (evaluated) model, `personalized`: the paper's output is theta_hat, and the
-  official server evaluates every client right after ALA, before local training. Evaluation
-  here has no client data to train W on, so "hat" (default) evaluates theta_hat built from the
-  current global model, the client's local model and its W of its latest round (the official
-  code trains W one more epoch first; the slides observe that W hardly changes after the start
-  phase). "trained" evaluates the model the client trained last instead.
-- Nothing is sent: ALA works on the received model and on what the client kept, so it adds
-  zero bytes to every message and reply.
-
-The `AdaptiveLocalAggregation` mix-in applies this around any algorithm's `fit` that declares
-which model is its clients' local one (`Algorithm.ala_local`):
-- "reply": the local model is the `"model"` record the client trained and sent back last
-  time (FedAvg, FedProx, FedRep, FedALA). The mix-in keeps it in the client's state and
-  hands the algorithm theta_hat in place of the received message's model. The algorithm's
-  personalized model is built from theta_hat in place of the message's model
-  (`personalized="hat"`, FedALA's evaluation) or from the model the client trained last
-  (`"trained"`).
-- "state": the local model is the algorithm's own client state record `"personal"` (Ditto's
-  personal model). The mix-in hands the algorithm theta_hat in place of that record; the
-  message is left as it is, and the personalized model is the algorithm's own (Ditto's
-  trained v) either way.
-
-ALA keeps its own state in two records of the client's state, `"ala.weights"` (W) and, for
-"reply" algorithms, `"ala.local"` (the local model); the algorithm sees only its own records.
+An algorithm accepts the plug-in by naming its clients' local model in one class attribute,
+`ala_local`, that only this module reads (see `declared_local`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -96,8 +42,34 @@ LOCAL = "ala.local"  # client state record ("reply" algorithms): the model it tr
 OWN = (WEIGHTS, LOCAL)  # the records ALA adds to a client's state
 PERSONAL = "personal"  # client state record of "state" algorithms: their local model
 WINDOW = 10  # the start phase looks at the std of the last WINDOW epoch losses
-MODES = ("reply", "state")
+LocalModel = Literal["reply", "state"]
+MODES: tuple[LocalModel, ...] = ("reply", "state")
 EMBED_CHUNK = 128  # samples embedded at once when only the head is covered
+
+
+def declared_local(cls: type[Algorithm]) -> LocalModel | None:
+    """Which model is `cls`'s clients' local one for ALA, or None if it names none.
+
+    An algorithm names it in a class attribute, which subclasses inherit:
+
+        class MyAlgo(Algorithm):
+            ala_local = "reply"
+
+    "reply": the `"model"` record the client trained and sent back last time (FedAvg,
+    FedProx, FedRep, ...); the plug-in keeps it and hands `fit` a message whose model is
+    theta_hat. "state": the algorithm's own client state record `"personal"` (Ditto); the
+    plug-in hands `fit` theta_hat in its place. Not set (or None): `algorithm.ala.*` is a
+    config error for it.
+
+    The attribute lives on the algorithms that opt in, not on the `Algorithm` base (which
+    knows no plug-in) nor in a table here, so an algorithm of your own opts in on its own
+    class, and a subclass inherits what its parent declared.
+    """
+    value = getattr(cls, "ala_local", None)
+    for mode in MODES:
+        if value == mode:
+            return mode
+    return None
 
 
 class AlaSettings(Hyperparams):
@@ -191,6 +163,96 @@ def _fixed_function(module: nn.Module) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _Interpolation:
+    """The workspace model's W-covered parameters and what W mixes them from, in one order."""
+
+    params: list[nn.Parameter]  # the model's own tensors: theta_hat(W), rewritten every step
+    local: list[torch.Tensor]
+    global_: list[torch.Tensor]
+    gap: list[torch.Tensor]  # global - local: dL/dW = dL/dtheta_hat * gap
+    weights: list[torch.Tensor]  # W, trained in place
+
+    @classmethod
+    def of(
+        cls, model: nn.Module, global_: Arrays, local: Arrays, weights: Arrays
+    ) -> _Interpolation:
+        named = dict(model.named_parameters())
+        params = [named[n] for n in weights]
+        lo = [local[n].to(p.device, p.dtype) for n, p in zip(weights, params, strict=True)]
+        hi = [global_[n].to(p.device, p.dtype) for n, p in zip(weights, params, strict=True)]
+        gap = [g - v for g, v in zip(hi, lo, strict=True)]
+        return cls(params, lo, hi, gap, [w.detach().clone() for w in weights.values()])
+
+    def step(self, grads: tuple[torch.Tensor | None, ...], eta: float) -> None:
+        """One gradient step on W (clipped to [0, 1]), then theta_hat(W) into the model."""
+        with torch.no_grad():
+            for p, g, w, lo, hi, gap in zip(
+                self.params, grads, self.weights, self.local, self.global_, self.gap, strict=True
+            ):
+                if g is not None:
+                    w.addcmul_(g, gap, value=-eta).clamp_(0.0, 1.0)
+                p.copy_(torch.lerp(lo, hi, w))
+
+
+def _training_subset(client: Client, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a random s % of the client's training samples, at least one."""
+    n = client.num_examples
+    size = max(1, int(n * s / 100))
+    subset = torch.randperm(n, generator=client.generator)[:size]  # on the CPU, as `batches`
+    return client.data.train_x[subset], client.data.train_y[subset]
+
+
+@contextlib.contextmanager
+def _trainable_only(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
+    """No gradient through any other parameter of `model` inside: W sees only the top."""
+    covered = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if id(p) not in covered and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _loss_network(
+    model: FedModel, names: list[str], inputs: torch.Tensor
+) -> tuple[nn.Module, torch.Tensor]:
+    """(the module the loss runs through, its inputs): the whole model on the subset, or,
+    when W covers only the head and the body is a fixed function of its input (no BatchNorm,
+    no dropout), the head on the subset embedded once instead of once per epoch."""
+    if not (all(is_head(name) for name in names) and _fixed_function(model.features)):
+        return model, inputs
+    with torch.no_grad():
+        embedded = torch.cat([model.features(c) for c in inputs.split(EMBED_CHUNK)])
+    return model.head, embedded
+
+
+def _epoch(
+    client: Client,
+    forward: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    mix: _Interpolation,
+    eta: float,
+) -> float:
+    """One epoch of steps on W over the shuffled subset; its mean cross-entropy."""
+    size = len(targets)
+    total = torch.zeros((), device=inputs.device)
+    for idx in batches(size, client.train.batch_size, client.generator, inputs.device):
+        loss = F.cross_entropy(forward(inputs[idx]), targets[idx])
+        mix.step(torch.autograd.grad(loss, mix.params, allow_unused=True), eta)
+        total += loss.detach() * len(idx)
+    return float(total) / size
+
+
+def _settled(losses: list[float], threshold: float) -> bool:
+    """Whether the start phase is over: the std of the last WINDOW losses below `threshold`."""
+    return len(losses) >= WINDOW and statistics.pstdev(losses[-WINDOW:]) < threshold
+
+
 def train_weights(
     client: Client,
     model_arrays: Arrays,
@@ -204,54 +266,21 @@ def train_weights(
 
     `model_arrays` is the complete model to evaluate the loss on (theta_hat with the current
     W, plus whatever the method adds, e.g. FedRep's local head). Only the W-covered parameters
-    are touched during training; everything is overwritten by the caller's next `load`.
+    are touched during training; everything is overwritten by the caller's next `load`. One
+    epoch, or in the start phase epochs until the losses settle or `max_start_epochs`.
     """
-    model = client.model
+    model = cast("FedModel", client.model)
     client.load(model_arrays)
-    named = dict(model.named_parameters())
-    names = list(weights)
-    top = [named[n] for n in names]
-    lo = [local[n].to(p.device, p.dtype) for n, p in zip(names, top, strict=True)]
-    hi = [global_[n].to(p.device, p.dtype) for n, p in zip(names, top, strict=True)]
-    diff = [g - v for g, v in zip(hi, lo, strict=True)]
-    w = [weights[n].detach().clone() for n in names]
-
-    n = client.num_examples
-    size = max(1, int(n * settings.s / 100))
-    subset = torch.randperm(n, generator=client.generator)[:size]  # on the CPU, as `batches`
-    inputs = client.data.train_x[subset]
-    targets = client.data.train_y[subset]
-
-    covered = {id(p) for p in top}
-    frozen = [p for p in model.parameters() if id(p) not in covered and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)  # no gradient through the lower layers: W sees only the top
-    model.train()
-    forward: nn.Module = model
-    if all(is_head(name) for name in names) and _fixed_function(model.features):
-        # W covers only the head and the body is a fixed function of its input (no
-        # BatchNorm, no dropout): embed the subset once instead of once per epoch.
-        with torch.no_grad():
-            inputs = torch.cat([model.features(c) for c in inputs.split(EMBED_CHUNK)])
-        forward = model.head
+    mix = _Interpolation.of(model, global_, local, weights)
+    inputs, targets = _training_subset(client, settings.s)
     losses: list[float] = []
     capped = False
-    try:
+    with _trainable_only(model, mix.params):
+        model.train()
+        forward, inputs = _loss_network(model, list(weights), inputs)
         while True:
-            total = torch.zeros((), device=inputs.device)
-            for idx in batches(size, client.train.batch_size, client.generator, inputs.device):
-                loss = F.cross_entropy(forward(inputs[idx]), targets[idx])
-                grads = torch.autograd.grad(loss, top, allow_unused=True)
-                with torch.no_grad():
-                    for p, g, wi, v, gl, d in zip(top, grads, w, lo, hi, diff, strict=True):
-                        if g is not None:
-                            wi.addcmul_(g, d, value=-settings.eta).clamp_(0.0, 1.0)
-                        p.copy_(torch.lerp(v, gl, wi))
-                total += loss.detach() * len(idx)
-            losses.append(float(total) / size)
-            if not start:
-                break
-            if len(losses) >= WINDOW and statistics.pstdev(losses[-WINDOW:]) < settings.threshold:
+            losses.append(_epoch(client, forward, inputs, targets, mix, settings.eta))
+            if not start or _settled(losses, settings.threshold):
                 break
             if len(losses) >= settings.max_start_epochs:
                 capped = True
@@ -263,21 +292,23 @@ def train_weights(
                     stacklevel=2,
                 )
                 break
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
     metrics = {
-        "ala_weights": float(sum(t.numel() for t in w)),
+        "ala_weights": float(sum(t.numel() for t in mix.weights)),
         "ala_epochs": float(len(losses)),
         "ala_loss": losses[-1],
         "ala_start": float(start),
         "ala_capped": float(capped),
     }
-    return dict(zip(names, w, strict=True)), metrics
+    return dict(zip(weights, mix.weights, strict=True)), metrics
 
 
 def adapt(
-    client: Client, global_: Arrays, local: Arrays, weights: Arrays, settings: AlaSettings, assemble
+    client: Client,
+    global_: Arrays,
+    local: Arrays,
+    weights: Arrays,
+    settings: AlaSettings,
+    assemble: Callable[[Arrays], Arrays],
 ) -> tuple[Arrays, Arrays, Metrics]:
     """One client's ALA: (theta_hat over the keys of `local`, W to keep, metrics).
 
@@ -287,7 +318,7 @@ def adapt(
     training data), W is not trained and the start phase waits (the official code skips ALA
     while local and global are equal).
     """
-    names = ala_parameters(client.model, global_, local, settings.p)
+    names = ala_parameters(cast("FedModel", client.model), global_, local, settings.p)
     if weights.keys() != set(names):  # first ALA round (or a different p): W = 1
         weights = {}
     if client.num_examples == 0 or all(torch.equal(local[n], global_[n]) for n in names):
@@ -317,13 +348,22 @@ class AdaptiveLocalAggregation(Algorithm):
     `algorithm.ala.enabled=true`), or subclassed directly (FedALA = this + FedAvg).
     """
 
+    # the class attribute the combined algorithm declares (`declared_local`); not a ClassVar
+    # here, as the algorithms that set it leave it unannotated
+    ala_local: LocalModel
     ala: AlaSettings
 
     def __init__(self, params: Hyperparams, setting: Setting, ala: AlaSettings) -> None:
-        if self.ala_local not in MODES:
+        if declared_local(type(self)) is None:
             raise TypeError(f"{type(self).__name__}: ala_local must be one of {MODES}")
         super().__init__(params, setting)
         self.ala = ala
+
+    def _algorithm_model(self, message: Records, inner: Records, hat: Arrays) -> Arrays:
+        """The complete model the algorithm would use with theta_hat as its local model."""
+        if self.ala_local == "reply":
+            return super().client_model(with_model(message, hat), inner)
+        return super().client_model(message, {**inner, PERSONAL: hat})
 
     def initialise(
         self, client: Client, message: Records, state: Records
@@ -336,13 +376,7 @@ class AdaptiveLocalAggregation(Algorithm):
         local = own.get(LOCAL) if by_reply else inner.get(PERSONAL)
         if not local:
             return message, inner, weights, {}
-        base = super()
-
-        def assemble(hat: Arrays) -> Arrays:  # the complete model the algorithm would use
-            if by_reply:
-                return base.client_model(with_model(message, hat), inner)
-            return base.client_model(message, {**inner, PERSONAL: hat})
-
+        assemble = functools.partial(self._algorithm_model, message, inner)
         hat, weights, metrics = adapt(client, message[MODEL], local, weights, self.ala, assemble)
         if by_reply:
             return with_model(message, hat), inner, weights, metrics
@@ -350,7 +384,9 @@ class AdaptiveLocalAggregation(Algorithm):
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         message, inner, weights, ala_metrics = self.initialise(client, message, state)
-        result = super().fit(client, message, inner)
+        # the algorithm's own `fit`: next in the MRO of every class this mix-in is part of
+        algorithm = cast("Algorithm", super())
+        result = algorithm.fit(client, message, inner)
         result.metrics.update(ala_metrics)
         new_state = dict(result.state)
         if self.ala_local == "reply":
@@ -370,9 +406,9 @@ class AdaptiveLocalAggregation(Algorithm):
 
 
 @functools.cache
-def with_ala(cls: type[Algorithm]) -> type[Algorithm]:
+def with_ala(cls: type[Algorithm]) -> type[AdaptiveLocalAggregation]:
     """`cls` with ALA before its local training (cls must declare `ala_local`)."""
-    if cls.ala_local not in MODES:
+    if declared_local(cls) is None:
         raise TypeError(f"{cls.__name__} does not declare which model is local (ala_local)")
     namespace: dict[str, Any] = {
         "name": f"{cls.name}+ala",  # what run summaries and reports call it
@@ -387,7 +423,7 @@ def supports_ala(cls: type[Algorithm]) -> bool:
     of its own, and has clients (a method that pools all data, such as `centralized`, a FedAvg
     subclass, has none to personalize)."""
     return (
-        cls.ala_local in MODES
+        declared_local(cls) is not None
         and not issubclass(cls, AdaptiveLocalAggregation)
         and not cls.pools_data
     )
