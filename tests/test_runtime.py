@@ -14,6 +14,7 @@ import torch
 from conftest import uci_har_slice
 from protofed.algorithms import ALGORITHMS
 from protofed.config import load_config
+from protofed.core.results import Summary
 from protofed.core.seeding import sample_clients
 from protofed.runtime import prepare, resume, simulate, start
 from protofed.runtime.fingerprint import states_fault
@@ -36,8 +37,8 @@ def _cfg(*extra: str):
     return load_config(None, [*BASE, *extra])
 
 
-def _numbers(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k != "time"}
+def _numbers(summary: Summary) -> dict:
+    return {k: v for k, v in summary.to_json().items() if k != "time"}
 
 
 def test_the_round_record_names_the_generalization_sample(tmp_path):
@@ -60,16 +61,18 @@ def test_checkpoints_from_before_generalization_samples_still_resume():
 
 def test_summary_has_the_contracted_keys(tmp_path):
     summary = start(_cfg(), tmp_path / "run").run()
-    assert summary["rounds"] == 4
-    for part in ("final", "selected"):
-        for key in ("personalization", "generalization"):
-            assert set(summary[part][key]) >= {"acc", "f1", "f1_std"}
-        assert set(summary[part]["global"]) >= {"acc", "f1", "f1_std"}
-    assert "round" in summary["selected"]
-    assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
-    assert summary["time"]["total_s"] > 0
+    assert summary.rounds == 4
+    for reported in (summary.final, summary.selected):
+        assert reported is not None
+        for scores in (reported.personalization, reported.generalization):
+            assert scores is not None and set(scores.to_json()) >= {"acc", "f1", "f1_std"}
+        assert reported.global_ is not None
+        assert set(reported.global_.to_json()) >= {"acc", "f1", "f1_std"}
+    assert isinstance(summary.selected.round, int)
+    assert summary.comm.up_bytes > 0 and summary.comm.down_bytes > 0
+    assert summary.time.total_s > 0
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert on_disk["final"] == summary["final"]
+    assert on_disk["final"] == summary.final.to_json()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4]
     assert len(json.loads(lines[0])["clients"]["pers_f1"]) == 6
@@ -140,8 +143,8 @@ def test_bytes_counted_from_the_real_messages():
 def test_local_sends_nothing_and_keeps_one_model_per_trained_client():
     sim = simulate(prepare(_cfg("algorithm.name=local", "train.rounds=2")))
     summary = sim.run()
-    assert summary["comm"]["up_bytes"] == 0 and summary["comm"]["down_bytes"] == 0
-    assert summary["final"]["global"] is None
+    assert summary.comm.up_bytes == 0 and summary.comm.down_bytes == 0
+    assert summary.final is not None and summary.final.global_ is None
     assert len(sim.transport.states) == 6
 
 
@@ -443,7 +446,8 @@ def test_without_validation_data_files_stay_strict_json(tmp_path):
         raise ValueError(f"non-JSON constant {name}")
 
     summary = start(_cfg("data.split=[0.8,0.0,0.2]", "train.rounds=2"), tmp_path / "r").run()
-    assert summary["selected"]["round"] == 2  # no validation data: the last round
+    assert summary.selected is not None
+    assert summary.selected.round == 2  # no validation data: the last round
     for name in ("summary.json", "metrics.jsonl"):
         for line in (
             (tmp_path / "r" / name).read_text().splitlines()
@@ -459,7 +463,7 @@ def test_the_loop_is_composed_and_checkpoints_where_it_owns_the_states(tmp_path)
     prepared = prepare(_cfg("train.rounds=2"))
     transport = InProcessTransport(prepared)
     loop = RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport))
-    assert loop.checkpoints and loop.run()["engine"] == "builtin"
+    assert loop.checkpoints and loop.run().engine == "builtin"
 
     other = InProcessTransport(prepared)
     other.states = None  # as a transport whose client states live elsewhere (Flower's)
@@ -490,7 +494,8 @@ def test_server_metrics_reach_the_metrics_file_and_the_summary(tmp_path):
 
     run = RunDir.create(tmp_path / "r", {}, {}, "")
     summary = simulate(prepared, run).run()
-    assert summary["final"]["server"] == {"replies": 4.0, "round": 2.0}
+    assert summary.final is not None
+    assert summary.final.server == {"replies": 4.0, "round": 2.0}
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [line["server"]["round"] for line in lines] == [1.0, 2.0]
 
@@ -498,13 +503,15 @@ def test_server_metrics_reach_the_metrics_file_and_the_summary(tmp_path):
 def test_best_test_reports_the_global_models_own_best_round():
     sim = simulate(prepare(_cfg("eval.selection=best_test", "train.client_fraction=0.5")))
     summary = sim.run()
-    best = max(sim.history, key=lambda h: h["global"]["acc"])
-    chosen = summary["selected"]
-    assert chosen["round"] == max(sim.history, key=lambda h: h["personalization"]["acc"])["round"]
-    assert chosen["global_round"] == best["round"] != chosen["round"]  # here they differ
-    assert chosen["global"] == best["global"]
-    by_val = simulate(prepare(_cfg("train.rounds=2"))).run()["selected"]
-    assert by_val["global_round"] == by_val["round"]  # other rules: the selected round's
+    best = max(sim.history, key=lambda h: h.global_.acc)
+    chosen = summary.selected
+    assert chosen is not None
+    assert chosen.round == max(sim.history, key=lambda h: h.personalization.acc).round
+    assert chosen.global_round == best.round != chosen.round  # here they differ
+    assert chosen.global_ == best.global_
+    by_val = simulate(prepare(_cfg("train.rounds=2"))).run().selected
+    assert by_val is not None
+    assert by_val.global_round == by_val.round  # other rules: the selected round's
 
 
 # what `check_states` relies on, for every algorithm: starting records kept with their names,
