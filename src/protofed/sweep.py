@@ -581,6 +581,29 @@ def run_sweep(
     if time_limit is not None and not time_limit > 0:  # also refuses nan
         raise ConfigError(f"--time-limit must be positive (got {time_limit})")
     out = Path(out)
+    runs, states = _prepare(spec, out, force, data_dir, only)
+    scheduler = SweepScheduler(
+        out,
+        states,
+        workers,
+        data_dir=data_dir,
+        time_limit=time_limit,
+        on_start=on_start,
+        on_done=on_done,
+        python=python,
+    )
+    return scheduler.run(runs)
+
+
+def _prepare(
+    spec: SweepSpec,
+    out: Path,
+    force: bool,
+    data_dir: str | Path | None,
+    only: list[str] | None,
+) -> tuple[list[SweepRun], dict[str, RunState]]:
+    """Validate every run, check the folder and the machine, and write the sweep's record
+    and each selected run's config: (the runs to run now, what is on disk for each)."""
     every = spec.expand()
     for r in every:
         plugins.require_visible_elsewhere(r.config, "a sweep's runs")
@@ -597,49 +620,98 @@ def run_sweep(
         atomic_write_text(
             out / f"{r.name}.yaml", yaml.safe_dump(r.config.to_dict(), sort_keys=False)
         )
+    return runs, states
 
-    result = SweepResult()
-    pending: list[SweepRun] = []
-    for r in runs:
-        state = states[r.name]
-        if state.action in ("skip", "busy", "changed"):
+
+@dataclass
+class SweepScheduler:
+    """The worker pool of a sweep: each run a child process, `workers` at a time.
+
+    Runs already complete, held by another process or holding another config are reported
+    without starting (`pending`); the rest are started or resumed (`launch`), stopped with
+    SIGINT at the time limit or on the sweep's first SIGINT/SIGTERM (SIGKILL on the second),
+    and reported as they end (`reap`). Outcomes keep the order of the runs.
+    """
+
+    out: Path
+    states: dict[str, RunState]  # what is on disk for each run (`run_state`)
+    workers: int
+    data_dir: str | Path | None = None
+    time_limit: float | None = None
+    on_start: Callable[[str, str], None] | None = None
+    on_done: Callable[[RunOutcome], None] | None = None
+    python: str = sys.executable
+    result: SweepResult = field(default_factory=SweepResult, init=False)
+    queue: list[SweepRun] = field(default_factory=list, init=False)  # not started yet, in order
+    running: list[_Child] = field(default_factory=list, init=False)
+    signals: int = field(default=0, init=False)  # SIGINT/SIGTERM the sweep received
+
+    def run(self, runs: list[SweepRun]) -> SweepResult:
+        """Every run's outcome: until all have ended, or the running ones after a signal."""
+        self.queue = self.pending(runs)
+        env = self.child_env()  # the same for every child
+        with _signals(self.interrupt):
+            while (self.queue and not self.signals) or self.running:
+                while self.queue and not self.signals and len(self.running) < self.workers:
+                    self.launch(self.queue.pop(0), env)
+                time.sleep(0.1)
+                self.stop_overdue()
+                self.reap()
+        self.result.interrupted = bool(self.signals)
+        order = {r.name: i for i, r in enumerate(runs)}
+        self.result.outcomes.sort(key=lambda o: order[o.name])
+        return self.result
+
+    def pending(self, runs: list[SweepRun]) -> list[SweepRun]:
+        """The runs to start or resume; the others are reported now, without running."""
+        todo: list[SweepRun] = []
+        for r in runs:
+            state = self.states[r.name]
+            if state.action not in ("skip", "busy", "changed"):
+                todo.append(r)
+                continue
             status, f1 = state.action, None
             if state.action == "skip":  # a diverged run stays diverged: not run again
-                status, f1, _ = _summary(out / r.name)
+                status, f1, _ = _summary(self.out / r.name)
                 status = "skipped" if status == "complete" else status
             detail = "" if state.action == "skip" else state.detail
-            outcome = RunOutcome(r.name, status, None, f1, log=out / f"{r.name}.log", detail=detail)
-            result.outcomes.append(outcome)
-            if on_done:
-                on_done(outcome)
-        else:
-            pending.append(r)
+            log = self.out / f"{r.name}.log"
+            self.report(RunOutcome(r.name, status, None, f1, log=log, detail=detail))
+        return todo
 
-    env = dict(os.environ)
-    if workers > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
-    running: list[_Child] = []
-    stop = {"signals": 0}
+    def child_env(self) -> dict[str, str]:
+        """The children's environment: the CPU's threads shared among the workers."""
+        env = dict(os.environ)
+        if self.workers > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.workers))
+        return env
 
-    def launch(r: SweepRun) -> None:
-        path, log = out / r.name, out / f"{r.name}.log"
-        state = states[r.name]
-        cmd = [python, "-m", "protofed", "run"]
-        if state.action == "resume":
+    def command(self, r: SweepRun) -> list[str]:
+        """The CLI call that runs `r`: resumed from its checkpoint, or from its config."""
+        path = self.out / r.name
+        action = self.states[r.name].action
+        cmd = [self.python, "-m", "protofed", "run"]
+        if action == "resume":
             cmd += ["--resume", str(path)]
         else:
-            cmd += [str(out / f"{r.name}.yaml"), "--out", str(path)]
-            if state.action == "restart":
+            cmd += [str(self.out / f"{r.name}.yaml"), "--out", str(path)]
+            if action == "restart":
                 cmd.append("--force")
-        if data_dir is not None:
-            cmd += ["--data-dir", str(data_dir)]
+        if self.data_dir is not None:
+            cmd += ["--data-dir", str(self.data_dir)]
         cmd.append("-q")
+        return cmd
+
+    def launch(self, r: SweepRun, env: dict[str, str]) -> None:
+        """Start `r`'s child, its output appended to `NAME.log` under a line saying how."""
+        cmd, log = self.command(r), self.out / f"{r.name}.log"
+        action = self.states[r.name].action
         with writing(log):
             log.parent.mkdir(parents=True, exist_ok=True)
             handle = open(log, "a")  # noqa: SIM115 - closed below, once the child has a copy
         with handle:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            handle.write(f"# {stamp} protofed sweep ({state.action}): {' '.join(cmd)}\n")
+            handle.write(f"# {stamp} protofed sweep ({action}): {' '.join(cmd)}\n")
             handle.flush()
             proc = subprocess.Popen(
                 cmd,
@@ -650,41 +722,42 @@ def run_sweep(
                 start_new_session=True,  # Ctrl-C reaches the sweep only; it tells each child once
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        running.append(_Child(r, proc, time.monotonic(), log))
-        if on_start:
-            on_start(r.name, state.action)
+        self.running.append(_Child(r, proc, time.monotonic(), log))
+        if self.on_start:
+            self.on_start(r.name, action)
 
-    def interrupt(signum: int, frame: object) -> None:
-        stop["signals"] += 1
-        for child in running:
+    def interrupt(self, signum: int, frame: object) -> None:
+        """SIGINT/SIGTERM: SIGINT to every running child the first time, SIGKILL after."""
+        self.signals += 1
+        for child in self.running:
             if child.proc.poll() is None:
-                sig = signal.SIGINT if stop["signals"] == 1 else signal.SIGKILL
+                sig = signal.SIGINT if self.signals == 1 else signal.SIGKILL
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(sig)
-                child.signalled = stop["signals"]
+                child.signalled = self.signals
 
-    with _signals(interrupt):
-        while (pending and not stop["signals"]) or running:
-            while pending and not stop["signals"] and len(running) < workers:
-                launch(pending.pop(0))
-            time.sleep(0.1)
-            for child in running:
-                late = time_limit is not None and time.monotonic() - child.started > time_limit
-                missed = stop["signals"] > 0  # a child launched as the signal came
-                if (late or missed) and not child.signalled and child.proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        child.proc.send_signal(signal.SIGINT)
-                    child.signalled, child.timed_out = 1, not missed
-            for child in [c for c in running if c.proc.poll() is not None]:
-                running.remove(child)
-                outcome = _finished(child, out)
-                result.outcomes.append(outcome)
-                if on_done:
-                    on_done(outcome)
-    result.interrupted = bool(stop["signals"])
-    order = {r.name: i for i, r in enumerate(runs)}
-    result.outcomes.sort(key=lambda o: order[o.name])
-    return result
+    def stop_overdue(self) -> None:
+        """SIGINT to each child past the time limit, or launched as a signal came."""
+        for child in self.running:
+            late = (
+                self.time_limit is not None and time.monotonic() - child.started > self.time_limit
+            )
+            missed = self.signals > 0  # a child launched as the signal came
+            if (late or missed) and not child.signalled and child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGINT)
+                child.signalled, child.timed_out = 1, not missed
+
+    def reap(self) -> None:
+        """Report every child that has ended."""
+        for child in [c for c in self.running if c.proc.poll() is not None]:
+            self.running.remove(child)
+            self.report(_finished(child, self.out))
+
+    def report(self, outcome: RunOutcome) -> None:
+        self.result.outcomes.append(outcome)
+        if self.on_done:
+            self.on_done(outcome)
 
 
 def _finished(child: _Child, out: Path) -> RunOutcome:
