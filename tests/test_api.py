@@ -43,9 +43,7 @@ def test_history_has_one_row_per_round_and_client(ditto_run) -> None:
     assert list(h["round"].unique()) == [1, 2, 3]
     assert set(h["client_name"]) == set(ditto_run.client_names)
     last = h[h["round"] == 3]
-    assert last["pers_acc"].mean() == pytest.approx(
-        ditto_run.summary.final["personalization"]["acc"]
-    )
+    assert last["pers_acc"].mean() == pytest.approx(ditto_run.summary.final.personalization.acc)
 
 
 def test_loaded_models_reproduce_the_reported_scores(ditto_run) -> None:
@@ -64,7 +62,7 @@ def test_loaded_models_reproduce_the_reported_scores(ditto_run) -> None:
     y = torch.cat([c.test_y for c in fed.clients])
     with torch.no_grad():
         acc = int((ditto_run.global_model()(x).argmax(1) == y).sum()) / len(y)
-    assert acc == pytest.approx(ditto_run.summary.final["global"]["acc"], abs=1e-9)
+    assert acc == pytest.approx(ditto_run.summary.final.global_.acc, abs=1e-9)
     # ditto's personal models differ from the global one
     g = ditto_run.global_model().state_dict()
     p = ditto_run.client_model(0).state_dict()
@@ -124,14 +122,16 @@ def test_the_readme_python_api_examples_run(tmp_path, monkeypatch) -> None:
     for code in examples:
         exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     assert isinstance(namespace["run"], protofed.Run)
-    assert np.isfinite(namespace["run"].summary.final["personalization"]["acc"])
+    assert np.isfinite(namespace["run"].summary.final.personalization.acc)
     # the custom algorithm really trains: at server_lr=1 it is FedAvg, number for number
     # (a fit that copied the weights before training would keep the initial model)
     same = {**namespace["digits"], "train": {"rounds": 2, "lr": 0.1}}
     step = protofed.run(same, out="step", algorithm={"name": "server_step", "server_lr": 1.0})
     fedavg = protofed.run(same, out="fedavg", algorithm={"name": "fedavg"})
-    scores = ("personalization", "global")
-    assert [step.summary.final[s] for s in scores] == [fedavg.summary.final[s] for s in scores]
+    scores = ("personalization", "global_")
+    assert [getattr(step.summary.final, s) for s in scores] == [
+        getattr(fedavg.summary.final, s) for s in scores
+    ]
 
 
 def test_a_run_that_never_beats_chance_warns_the_python_caller(tmp_path) -> None:
