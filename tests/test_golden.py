@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import uci_har_slice
+from protofed.core.results import Summary
 
 GOLDEN = Path(__file__).parent / "golden"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -89,13 +90,15 @@ def config_of(name: str, har: Path, *extra: str):
     return load_config(None, [o.format(har=har) for o in [*COMMON, *RUNS[name], *extra]])
 
 
-def scores(summary: dict) -> dict:
-    """The numbers that must not move: final and selected scores, their rounds, the bytes."""
+def scores(summary: Summary) -> dict:
+    """The numbers that must not move: final and selected scores, their rounds, the bytes
+    (as summary.json holds them, the golden files' shape)."""
     keep = ("personalization", "generalization", "global")
+    data = summary.to_json()
     return {
-        "final": {k: summary["final"][k] for k in ("round", *keep)},
-        "selected": {k: summary["selected"][k] for k in ("round", *keep)},
-        "comm": {k: summary["comm"][k] for k in ("up_bytes", "down_bytes")},
+        "final": {k: data["final"][k] for k in ("round", *keep)},
+        "selected": {k: data["selected"][k] for k in ("round", *keep)},
+        "comm": {k: data["comm"][k] for k in ("up_bytes", "down_bytes")},
     }
 
 
@@ -119,7 +122,7 @@ def golden(name: str) -> dict:
     return json.loads((GOLDEN / f"{name}.json").read_text())
 
 
-def run_builtin(cfg) -> dict:
+def run_builtin(cfg) -> Summary:
     from protofed.runtime import prepare, simulate
 
     return simulate(prepare(cfg)).run()
