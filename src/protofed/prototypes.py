@@ -175,11 +175,9 @@ def lloyd(
     float64 Lloyd computes the full 61k x 2048 distance matrix every iteration. Here
     distances are float32 (as the official code's data) and `_assign` skips them for the
     points that provably stay (`guess` for the first assignment: FedAli's points start in
-    their own slot's cluster); centroid sums are float64. On real UCI-HAR banks (rounds 1-3,
-    2 shared cores, 1 torch thread) the 2048-cluster layer takes 0.9-1.1 s against
-    scikit-learn's 5.7-6.8 s, the same centroids to 4e-7
-    (benchmarks/fedali_server_step.py). Without separation to prune with, a full float32
-    assignment (2.3 s there) costs about one scikit-learn float64 iteration: no gain.
+    their own slot's cluster); centroid sums are float64. Measured faster than
+    scikit-learn's float64 Lloyd on FedAli's banks, the same centroids to 4e-7; the pruning
+    is the gain, not the precision (docs/speed.md).
     Empty clusters take the points farthest from their centroids, as scikit-learn's do.
     Deterministic on CPU. Returns centroids (k, D) in `points`' dtype and labels (N,).
     """

@@ -4,25 +4,8 @@ Both take an optional ALP layer (protofed/nn/alp.py) right after each block's fi
 LayerNorm, feeding the attention branch(es); the residual adds the block input, not the ALP
 output (FedAli, section 4.1; notes on the official alp_model.py). `model.alp.*` configures
 them (config.AlpConfig); `model.alp.enabled=false` builds the plain backbone, which is what
-FedAvg, FedProx, FedPer and Local run for the paper's comparison.
-
-HART (Ek et al., "Transformer-based models to deal with heterogeneous environments in human
-activity recognition", 2023), as the official FedAli code builds it: windows cut into
-non-overlapping frames of 16 samples; with 6 channels the accelerometer (first 3) and the
-gyroscope (last 3) frames are projected separately to d/2 each and concatenated, other channel
-counts (HHAR, WISDM: accelerometer only) get one projection to d; a learned position
-embedding; 6 blocks of [LayerNorm, (ALP), three branches over slices of the d dims: 3-head
-self-attention on the first quarter, a "lite" branch of 4 softmax-normalised depthwise
-convolutions along time on the middle half (kernels 3, 7, 15, 31, 31, 31), 3-head
-self-attention on the last quarter, concatenated and added to the input; LayerNorm, MLP
-2d -> d, stochastic depth rising linearly to 0.3, residual]; LayerNorm, mean over tokens,
-a 1024-unit dense layer (ReLU: settled here, the notes do not name it) with dropout 0.3 as the
-embedding, and the classifier head.
-
-ViT-tiny: 64 patches (side / 8 pixels each, so 4x4 for 32x32), d = 192, 6 pre-norm blocks of
-3-head attention and an MLP of 2d (the HART width; settled here to keep it light on 2 cores),
-learned position embedding, final LayerNorm and mean pooling as the embedding (d), no class
-token.
+FedAvg, FedProx, FedPer and Local run for the paper's comparison. The architectures are in
+`HART`'s and `ViTTiny`'s docstrings.
 """
 
 from __future__ import annotations
@@ -214,7 +197,21 @@ class HartFeatures(nn.Module):
 
 
 class HART(FedModel):
-    """Lightweight HAR transformer (6 blocks, d = 192), optional ALP layers; see module doc."""
+    """Lightweight HAR transformer (6 blocks, d = 192), optional ALP layers.
+
+    HART (Ek et al., "Transformer-based models to deal with heterogeneous environments in
+    human activity recognition", 2023), as the official FedAli code builds it: windows cut
+    into non-overlapping frames of 16 samples; with 6 channels the accelerometer (first 3)
+    and the gyroscope (last 3) frames are projected separately to d/2 each and concatenated,
+    other channel counts (HHAR, WISDM: accelerometer only) get one projection to d; a learned
+    position embedding; 6 blocks of [LayerNorm, (ALP), three branches over slices of the d
+    dims: 3-head self-attention on the first quarter, a "lite" branch of 4 softmax-normalised
+    depthwise convolutions along time on the middle half (kernels 3, 7, 15, 31, 31, 31),
+    3-head self-attention on the last quarter, concatenated and added to the input;
+    LayerNorm, MLP 2d -> d, stochastic depth rising linearly to 0.3, residual]; LayerNorm,
+    mean over tokens, a 1024-unit dense layer (ReLU: settled here, the notes do not name it)
+    with dropout 0.3 as the embedding, and the classifier head.
+    """
 
     def __init__(
         self, channels: int, time: int, num_classes: int, alp: AlpConfig | None = None
@@ -266,7 +263,13 @@ class VitFeatures(nn.Module):
 
 
 class ViTTiny(FedModel):
-    """ViT with 6 blocks of width 192 on 64 patches; optional ALP layers; see module doc."""
+    """ViT with 6 blocks of width 192 on 64 patches, optional ALP layers.
+
+    64 patches (side / 8 pixels each, so 4x4 for 32x32), d = 192, 6 pre-norm blocks of
+    3-head attention and an MLP of 2d (the HART width; settled here to keep it light on 2
+    cores), learned position embedding, final LayerNorm and mean pooling as the embedding
+    (d), no class token.
+    """
 
     def __init__(
         self, channels: int, side: int, num_classes: int, alp: AlpConfig | None = None

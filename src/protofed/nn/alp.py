@@ -9,31 +9,8 @@ but they are in the state_dict, so they travel as arrays. `local_prototypes` is 
 memory (updated by EMA during training, kept on the client); `global_prototypes` come from the
 server (K-means of everyone's local prototypes). `beta` and `gamma` are scalar buffers too,
 so the algorithm sets them per round through the message (beta = 0 in FedAli's first round).
-
-Training (`module.train()`), on the flattened tokens X (N = B*Z, d):
-1. plan = Sinkhorn over cosine similarities to [local; global] (N x 2G), split in two;
-2. each token takes its argmax global prototype (hard assignment);
-3. the matched prototypes (no gradient: stop-gradient below the GLU) go through the GLU;
-4. x_hat = beta * GLU + (1 - beta) * x, L2-normalised per token;
-5. local prototypes: for each, the top-k tokens of its column of the local plan, weights
-   normalised to sum 1, weighted mean x_bar; P <- gamma P + (1 - gamma) x_bar.
-Inference (`module.eval()`): plan over the local prototypes only, argmax, GLU, mix,
-normalise; prototypes never change.
-
-Decisions the paper leaves open (also in docs/results/fedali.md):
-- k = ceil(N / G) as the paper writes (`topk="paper"`); the official code derives k from the
-  batch size only, k = ceil(B / G), effectively 1 (`topk="official"`). k is capped at N.
-- x_bar averages the layer's input tokens as they come (the LayerNorm output), not their
-  normalised copies: prototypes live in the space of the tokens they are mixed into.
-- The GLU takes the raw matched prototypes (they are normalised only to compute cosines).
-- Sinkhorn's plan depends on the other samples of the batch. `inference="sample"` solves one
-  transport problem per sample (its Z tokens against the G prototypes): the same prediction
-  whatever the batch, the batch-independent mode.
-- Ablation variants: `matching="cosine"` / `"euclidean"` replace the plan by a row-wise
-  softmax of score / epsilon (no balancing; argmax = nearest prototype by cosine / by
-  Euclidean distance of the raw vectors); `glu=False` mixes the matched prototypes
-  directly; `use_global=False` aligns to the matched local prototypes in training too;
-  `local_at_inference=False` infers with the global prototypes.
+The algorithm's steps are in `ALP`'s docstring; the decisions the paper leaves open, and the
+ablation switches, in experiments/results/fedali.md.
 """
 
 from __future__ import annotations
@@ -77,15 +54,37 @@ class GLU(nn.Module):
 def _row_argmax(kernel: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim of kernel * v (..., N, G): each token's prototype.
 
-    The cosine kernel is stored prototype-major, and torch reduces over a strided dim at
-    a third of the speed: the product is copied token-major first (1.3 against 2.4 ms for
-    512 tokens and 2048 prototypes on one core, the copy included).
+    The cosine kernel is stored prototype-major, and torch reduces over a strided dim
+    slowly: the product is copied token-major first, measured faster copy included
+    (docs/speed.md).
     """
     return (kernel * v.unsqueeze(-2)).contiguous().argmax(dim=-1)
 
 
 class ALP(nn.Module):
-    """ALignment with Prototypes on a token stream (..., d); see the module docstring."""
+    """ALignment with Prototypes on a token stream (..., d).
+
+    Training (`module.train()`), on the flattened tokens X (N = B*Z, d):
+    1. plan = Sinkhorn over cosine similarities to [local; global] (N x 2G), split in two;
+    2. each token takes its argmax global prototype (hard assignment);
+    3. the matched prototypes (no gradient: stop-gradient below the GLU) go through the GLU;
+    4. x_hat = beta * GLU + (1 - beta) * x, L2-normalised per token;
+    5. local prototypes: for each, the top-k tokens of its column of the local plan, weights
+       normalised to sum 1, weighted mean x_bar; P <- gamma P + (1 - gamma) x_bar.
+    Inference (`module.eval()`): plan over the local prototypes only, argmax, GLU, mix,
+    normalise; prototypes never change.
+
+    x_bar averages the layer's input tokens as they come (the LayerNorm output), not their
+    normalised copies: prototypes live in the space of the tokens they are mixed into; the
+    GLU takes the raw matched prototypes (normalised only to compute cosines).
+    `inference="sample"` solves one transport problem per sample (its Z tokens against the G
+    prototypes): the same prediction whatever the batch. Ablation variants:
+    `matching="cosine"` / `"euclidean"` replace the plan by a row-wise softmax of
+    score / epsilon (no balancing; argmax = nearest prototype by cosine / by Euclidean
+    distance of the raw vectors); `glu=False` mixes the matched prototypes directly;
+    `use_global=False` aligns to the matched local prototypes in training too;
+    `local_at_inference=False` infers with the global prototypes.
+    """
 
     gamma: torch.Tensor  # the EMA's rate, a scalar buffer (registered in __init__)
 
@@ -164,7 +163,8 @@ class ALP(nn.Module):
         return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
 
     def topk_count(self, num_tokens: int, batch_size: int) -> int:
-        """Tokens per prototype in the EMA target: the paper's ceil(B*Z/G) or the code's."""
+        """Tokens per prototype in the EMA target, capped at N: the paper's k = ceil(N / G)
+        (`topk="paper"`) or the official code's ceil(B / G), effectively 1 (`"official"`)."""
         n = num_tokens if self.topk == "paper" else batch_size
         return max(1, min(num_tokens, math.ceil(n / self.num_prototypes)))
 

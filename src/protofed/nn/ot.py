@@ -4,19 +4,12 @@ FedAli's ALP layer (Ek et al., "FedAli: Personalized Federated Learning Alignmen
 Prototype Layers for Generalized Mobile Services", eq. 3) matches token embeddings to
 prototypes with the SwAV recipe (Caron et al. 2020): Q = exp(S / epsilon), divide by its
 total, then alternately rescale so that every prototype receives 1/K of the mass and every
-point sends 1/N of it. The last step balances the points, so each row of the plan is an
-exact distribution over prototypes (times 1/N) and the prototype marginal is approximate
-after few iterations (exact in the limit).
-
-Numerical safety. `exp(S / epsilon)` overflows float32 once S / epsilon > 88 (epsilon below
-~0.011 for cosines) and underflows to all-zero columns for small epsilon, which turns the
-plan into NaN. `sinkhorn_log` runs in the log domain: the normalisations are subtractions of
-`logsumexp`s, which never overflow, and any epsilon > 0 is safe (a test runs 1e-4).
-`sinkhorn` takes the 4x cheaper direct (exp-domain) form when it is provably safe (bounded
-scores, see `_direct_is_safe`) and the log domain otherwise; both give the same plan.
-
-Batched: `scores` may carry leading batch dimensions (..., N, K); each trailing (N, K) matrix
-is its own transport problem (the ALP layer's batch-independent mode solves one per sample).
+point sends 1/N of it. `sinkhorn_log` runs in the log domain, safe for any epsilon > 0;
+`sinkhorn` takes the cheaper direct (exp-domain) form when it is provably safe (bounded
+scores, see `_direct_is_safe`; docs/speed.md) and the log domain otherwise; both give the
+same plan. Scores may carry leading batch dimensions (..., N, K): each trailing (N, K)
+matrix is its own transport problem (the ALP layer's batch-independent mode solves one per
+sample).
 """
 
 from __future__ import annotations
@@ -47,6 +40,11 @@ def sinkhorn_log(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 
     1/N, and every column sums to 1/K up to the Sinkhorn residual (which vanishes as
     `iterations` grows). `iterations=0` gives the unbalanced Gibbs kernel normalised per row
     (a row-wise softmax of scores / epsilon, divided by N): point-to-point matching.
+
+    Why the log domain: `exp(S / epsilon)` overflows float32 once S / epsilon > 88 (epsilon
+    below ~0.011 for cosines) and underflows to all-zero columns for small epsilon, which
+    turns the plan into NaN. Here the normalisations are subtractions of `logsumexp`s, which
+    never overflow, so any epsilon > 0 is safe (a test runs 1e-4).
     """
     _check_arguments(scores, epsilon, iterations)
     n, k = scores.shape[-2], scores.shape[-1]
@@ -137,8 +135,8 @@ def cosine_kernel(x: torch.Tensor, prototypes: torch.Tensor, epsilon: float) -> 
     shift and one in-place power of two: the cheapest kernel for the ALP layer.
 
     Computed as 2^((cos - 1) log2(e) / epsilon), the same number: torch's float32 exp2 is
-    several times faster on the CPU than its exp (0.36 against 1.85 ms for 2 M entries on
-    one core); the two differ by float32 rounding of the exponent (relative 2e-6 at most).
+    measured several times faster on the CPU than its exp (docs/speed.md); the two differ
+    by float32 rounding of the exponent (relative 2e-6 at most).
     """
     n, k = x.shape[-2], prototypes.shape[-2]
     if 2.0 / epsilon > _MAX_SPAN or n * k > _MAX_CELLS:

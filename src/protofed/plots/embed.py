@@ -8,7 +8,7 @@
   clients' prototypes gather around the global ones as rounds pass.
 
 Points are subsampled (at most `max_points` per client) and t-SNE is seeded, both from the
-run's seed, so the same run draws the same figure; ~1,200 points take a few seconds.
+run's seed, so the same run draws the same figure.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def tsne(points: np.ndarray, seed: int) -> np.ndarray:
     """2-D t-SNE of `points` (N, D), seeded; perplexity lowered for small N.
 
     On one thread: the same map on every machine, and no OpenMP threads spinning against
-    each other on a loaded machine (measured on 2 busy cores: 200 points 1.8 s, not 33 s).
+    each other on a loaded machine (measured far faster there, docs/speed.md).
     """
     from sklearn.manifold import TSNE
     from threadpoolctl import threadpool_limits

@@ -3,35 +3,13 @@
 FedAli section 5.4: HART with its ALP layers is pre-trained "in a self-supervised manner
 using MAE (He et al. 2022)" on public HAR sets other than the target; the encoder and the
 local prototypes then start federated training (the 1024-unit layer and the head stay new),
-and the pre-trained local prototypes become the initial global ones. docs/pretraining.md
-gives the objective and every setting settled here; in short:
-
-- Tokens are HART's own: non-overlapping frames of 16 samples (`HartFeatures.patches`),
-  projected and position-embedded by the encoder (`HartFeatures.embed_patches`).
-- Masking: floor(mask_ratio * Z) random tokens per window (official code: 0.6, so 4 of 8);
-  the encoder (`HartFeatures.encode`: the blocks, ALP layers included, and the final
-  LayerNorm) sees the visible tokens only, in time order (HART's convolution branch runs
-  along the token axis).
-- Decoder (MAE's design with the official code's body): a linear map of the encoded tokens,
-  a learned mask token at every masked position, the full sequence back in time order with
-  a decoder position embedding, `decoder_blocks` HART blocks without ALP (kernels 3, 7, 7,
-  15 as the official decoder), LayerNorm, and a per-token linear layer to the 16 x C raw
-  samples of the token. The loss is the MSE on the masked tokens only.
-- ALP layers run in training mode, so their local prototypes move by the EMA of
-  nn/alp.py. There is no server here: they align to their own local prototypes
-  (`use_global=False`), which is the same plan and assignment as a global bank kept equal
-  to the local one (Sinkhorn over [P; P] is the plan over P split in two halves).
-- Data (`pooled_windows`): every window of the other HAR sets, labels never used, made
-  comparable with the target's by `protofed.data.harmonize` (channels by meaning, each set
-  z-scored per channel over its own windows, resampled to the target's window length).
-
-The checkpoint is a flat dict of tensors named as in the model's state_dict (encoder
-weights and every ALP layer's local bank, no global banks, no beta/gamma), plus `__meta__`
-(JSON as uint8), written with safetensors (nothing in it is code to unpickle). Checkpoints
-from versions that fell back to `torch.save` still load, with `torch.load(weights_only=True)`.
-`load_init` reads it into a model (`model.init`). After every epoch the whole state (the
-decoder, the optimizer's moments and the random streams too) is kept beside the checkpoint
-(`state_path`), so an interrupted pre-training continues (`--resume`) to the same checkpoint.
+and the pre-trained local prototypes become the initial global ones. `Pretraining` trains
+(`MaskedAutoencoder`: HART's own tokens, random masking, an MAE decoder, MSE on the masked
+tokens) on `pooled_windows`, writes the checkpoint (safetensors, named as the model's
+state_dict) and keeps its whole state beside it after every epoch, so an interrupted
+pre-training continues (`--resume`) to the same checkpoint; `load_init` reads a checkpoint
+into a model (`model.init`). docs/pretraining.md gives the objective, the checkpoint and
+every setting settled here.
 """
 
 from __future__ import annotations
