@@ -75,7 +75,9 @@ class Pool:
 
 
 def pooled_windows(cfg: ExperimentConfig) -> Pool:
-    """The pre-training windows for the target `cfg.data` (see the module docstring)."""
+    """The pre-training windows for the target `cfg.data`: every window of the other HAR sets,
+    labels never used, made comparable with the target's by `protofed.data.harmonize`
+    (channels by meaning, each set z-scored per channel, resampled to the target's length)."""
     target = load_dataset(cfg.data)
     if target.kind != "sensor" or target.X.ndim != 3:
         raise ConfigError(f"pretrain: data.name={cfg.data.name} is not a set of sensor windows")
