@@ -32,6 +32,7 @@ from protofed.algorithms.common.ala import (
 from protofed.algorithms.common.split import HEAD, split_arrays
 from protofed.algorithms.fedrep import FedRep
 from protofed.config import ModelConfig, TrainConfig, load_config
+from protofed.core.results import Summary
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
@@ -281,8 +282,8 @@ def _sim(*extra: str) -> RoundLoop:
     return simulate(prepare(load_config(None, [*DIGITS, *extra])))
 
 
-def _numbers(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k != "time"}
+def _numbers(summary: Summary) -> dict:
+    return {k: v for k, v in summary.to_json().items() if k != "time"}
 
 
 def test_w_persists_per_client_and_never_leaks(monkeypatch):
@@ -366,7 +367,7 @@ def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
 def test_fedala_is_fedavg_with_the_plugin():
     a = _sim("algorithm.name=fedala", "train.rounds=3").run()
     b = _sim("algorithm.name=fedavg", "algorithm.ala.enabled=true", "train.rounds=3").run()
-    assert (a["algorithm"], b["algorithm"]) == ("fedala", "fedavg+ala")
+    assert (a.algorithm, b.algorithm) == ("fedala", "fedavg+ala")
     assert {**_numbers(a), "algorithm": None} == {**_numbers(b), "algorithm": None}
 
 
@@ -380,7 +381,7 @@ def test_summary_and_report_say_when_ala_was_on(tmp_path):
     assert [r["algorithm"] for r in rows] == ["fedprox", "fedprox+ala"]
     assert "| ala | fedprox+ala | digits |" in to_markdown(rows)
     off = _sim("algorithm.name=ditto", "algorithm.ala.enabled=false", "train.rounds=1").run()
-    assert off["algorithm"] == "ditto"
+    assert off.algorithm == "ditto"
 
 
 def test_personalization_scores_are_each_clients_own_aggregate():
@@ -390,7 +391,7 @@ def test_personalization_scores_are_each_clients_own_aggregate():
 
     sim = _sim("algorithm.name=fedala", "train.rounds=3", "data.num_clients=6")
     sim.run()
-    scores = sim.history[-1]["clients"]["pers_acc"]
+    scores = sim.history[-1].clients.pers_acc
     assert len(set(scores)) > 1
     model = sim.prepared.model
     for cid, data in enumerate(sim.prepared.fed.clients):
@@ -412,8 +413,8 @@ def test_plugin_runs_and_adds_zero_bytes(name):
     assert isinstance(with_ala.algorithm, ALGORITHMS[name])
     assert not isinstance(plain.algorithm, AdaptiveLocalAggregation)
     a, b = plain.run(), with_ala.run()
-    assert a["comm"] == b["comm"]
-    assert b["final"]["personalization"]["acc"] > 0.2  # it learns
+    assert a.comm == b.comm
+    assert b.final is not None and b.final.personalization.acc > 0.2  # it learns
     for cid in range(4):
         w = with_ala.client_state(cid).get(WEIGHTS, {})
         assert w, f"client {cid} kept no ALA weights"
@@ -530,6 +531,7 @@ def test_fedala_on_mnist_pathological(shared_data):
     ]
     fedala = simulate(prepare(load_config(None, [*base, "algorithm.name=fedala"]))).run()
     fedavg = simulate(prepare(load_config(None, [*base, "algorithm.name=fedavg"]))).run()
-    assert fedala["final"]["personalization"]["acc"] > 0.9  # 2 classes per client
-    assert fedala["final"]["personalization"]["acc"] > fedavg["final"]["personalization"]["acc"]
-    assert fedala["comm"] == fedavg["comm"]
+    assert fedala.final is not None and fedavg.final is not None
+    assert fedala.final.personalization.acc > 0.9  # 2 classes per client
+    assert fedala.final.personalization.acc > fedavg.final.personalization.acc
+    assert fedala.comm == fedavg.comm
