@@ -18,11 +18,10 @@ Generalization costs (distinct client models) x (union size) predictions a round
 grow with the number of clients (for models that share a body: one body pass over the union
 plus a head pass per model; a runtime with worker processes hands them whole models,
 `PREDICT_CHUNK` at a time, through `evaluate`'s `predict_many`). Distinct models of one
-architecture can also predict together, `stacked_models` at a time, in one `torch.func.vmap` pass per batch (`predict_stacked`): the
-same arithmetic in fewer, larger kernels, meant for where launching kernels costs (a GPU).
-It is opt-in: on the CPU it measured slower (1.1x on CIFAR-10's cnn, 1.1-1.5x on cnn1d), and
-on a warm H200 it tied with one model at a time on cnn1d's 30 models (0.17 against 0.15 s;
-benchmarks/stacked_evaluation.py, docs/results/gpu.md).
+architecture can also predict together, `stacked_models` at a time, in one `torch.func.vmap`
+pass per batch (`predict_stacked`): the same arithmetic in fewer, larger kernels, meant for
+where launching kernels costs (a GPU). It is opt-in: it measured no faster on the CPU nor on
+one GPU work (docs/speed.md, benchmarks/stacked_evaluation.py).
 `eval.generalization_samples` scores it on a fixed class-stratified sample of the union
 instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
 Personalization and the global score always use the whole splits.
