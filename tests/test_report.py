@@ -173,7 +173,7 @@ def test_a_long_label_folds_and_leaves_every_number_whole(sweep, tmp_path, monke
     onto more lines, no number column is squeezed (they once shrank to nothing), and a
     name that looks like markup prints as it is."""
     # an 80-column terminal; a wide one would leave nothing to fold
-    monkeypatch.setattr("protofed.cli.console", Console(width=80))
+    monkeypatch.setattr("protofed.cli.report.console", Console(width=80))
     long = tmp_path / ("a_run_folder_named_at_length_[lr]_" * 6)
     shutil.copytree(sweep / "fedavg_s0", long)
     out = tmp_path / "cmp"

@@ -1,0 +1,29 @@
+"""The command line: `protofed run`, `pretrain`, `list`, `info`, `report`, `sweep`, `partition`,
+`embed`, `data`, `flower`; one module per group of commands, registered here on the one
+Typer app in the order `protofed --help` lists them.
+
+User errors print one line on stderr and exit with code 2; nothing is written before the
+config, the data and the model have all been validated.
+"""
+
+from __future__ import annotations
+
+from protofed.cli import catalog, data, figures, flower, report, run, sweep
+from protofed.cli.common import app
+
+app.command()(run.run)
+app.command()(run.pretrain)
+app.command("list")(catalog.list_)
+app.command()(catalog.info)
+app.command()(report.report)
+app.command()(sweep.sweep)
+app.command()(figures.partition)
+app.command()(figures.embed)
+app.add_typer(data.data_app, name="data")
+app.add_typer(flower.flower_app, name="flower")
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()

@@ -1,0 +1,114 @@
+"""`protofed partition` and `protofed embed`: a config's partition, and t-SNE figures of a
+run's embeddings or prototypes (docs/figures.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from protofed.cli.common import (
+    ConfigFile,
+    DataDir,
+    Overrides,
+    console,
+    experiment_config,
+    file_prefix,
+    user_errors,
+)
+
+
+def partition(
+    config: ConfigFile = None,
+    set_: Overrides = [],  # noqa: B006
+    data_dir: DataDir = None,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Also draw the heat map (OUT.png, OUT.pdf).")
+    ] = False,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="--plot: file prefix of the figure.")
+    ] = Path("partition"),
+) -> None:
+    """Print the clients x classes count matrix of a config's partition (no training)."""
+    from protofed.data import build_federated
+
+    with user_errors():
+        if plot:
+            out = file_prefix(out, "partition")
+        cfg = experiment_config(config, set_, data_dir)
+        fed = build_federated(cfg.data, cfg.seed)
+        console.print(fed.counts_table(), highlight=False)
+        if plot:
+            from protofed.plots import save_figure
+            from protofed.plots.partition import partition_figure
+
+            paths = save_figure(partition_figure(fed), out)
+            console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)
+
+
+def embed(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    client: Annotated[int, typer.Option("--client", help="Whose personalized model.")] = 0,
+    other: Annotated[int, typer.Option("--other", help="How many other clients' data.")] = 3,
+    other_data: Annotated[
+        str | None,
+        typer.Option(
+            "--other-data",
+            help="Instead of other clients: one user's windows of this other HAR data set "
+            "(FedAli's Fig. 4).",
+        ),
+    ] = None,
+    with_clients: Annotated[
+        list[int] | None,
+        typer.Option("--with", help="These other clients (repeat it), instead of --other's."),
+    ] = None,
+    own_models: Annotated[
+        bool,
+        typer.Option(
+            "--own-models",
+            help="Each client's own model on its own training data (FedAli's Fig. 5).",
+        ),
+    ] = False,
+    prototypes: Annotated[
+        bool,
+        typer.Option("--prototypes", help="t-SNE of the prototypes the run kept, instead."),
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="File prefix (default: embed_client<K> or embed_prototypes)."
+        ),
+    ] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """t-SNE of a client's personalized embeddings of its own and other clients' test data
+    (or another HAR data set's windows), or (--prototypes) of the class prototypes kept
+    across rounds (docs/figures.md)."""
+    with user_errors():
+        from protofed.api import Run
+        from protofed.plots import save_figure
+        from protofed.plots.embed import draw_embedding, embedding_map, prototype_figure
+
+        if out is not None:
+            out = file_prefix(out, "embed")
+        run_ = Run(run_dir)
+        said = ""
+        if prototypes:
+            fig, default = prototype_figure(run_), "embed_prototypes"
+        else:
+            m = embedding_map(
+                run_,
+                client,
+                other,
+                data_dir=data_dir,
+                other_data=other_data,
+                pick=with_clients,
+                own_models=own_models,
+            )
+            fig = draw_embedding(m)
+            default = f"embed_client{client}" + ("_own_models" if own_models else "")
+            if m.agreement == m.agreement:  # not NaN: there are other points
+                said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"
+        paths = save_figure(fig, out if out is not None else Path(default))
+    console.print(f"wrote {' and '.join(map(str, paths))}{said}", highlight=False)

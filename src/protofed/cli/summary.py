@@ -1,0 +1,75 @@
+"""A finished run's summary as the commands print it: the scores table, the cost line, the
+warnings; and the one line of a run that diverged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.table import Table
+
+from protofed.cli.common import EXIT_DIVERGED, console, err_console, pct
+
+SummaryView = tuple[Table, str, list[str]]
+
+
+def finished_view(run_dir: Path, diverged_then: str) -> SummaryView:
+    """A finished run's summary view, from its summary.json; for a run that diverged, its
+    line (ending with `diverged_then`) and exit code instead."""
+    from protofed.runs import SUMMARY, RunDir, reading
+
+    existing = RunDir.open(run_dir)
+    with reading(existing.path / SUMMARY):
+        summary = existing.read_json(SUMMARY)
+        if summary.get("status") == "diverged":  # over: its state is not finite
+            exit_diverged(summary, diverged_then)
+        return summary_view(summary)
+
+
+def exit_diverged(summary: dict[str, Any], then: str) -> NoReturn:
+    """A diverged run's one line (what diverged; `then`), and its exit code."""
+    err_console.print(
+        f"[bold red]diverged:[/] {summary['diverged']}; {then}", highlight=False, soft_wrap=True
+    )
+    raise typer.Exit(code=EXIT_DIVERGED)
+
+
+def summary_view(summary: dict[str, Any]) -> SummaryView:
+    """The scores table, the time and traffic line, the warnings (built before printing, so
+    a damaged summary.json fails before anything is shown)."""
+    sel = summary["selected"]
+    table = Table(
+        title=f"{summary['algorithm']} on {summary['dataset']}: "
+        f"{summary['num_clients']} clients, {summary['rounds']} rounds",
+        caption=f"%, mean ± std across clients; last = round {summary['final']['round']}, "
+        f"sel = round {sel['round']} ({sel['rule']} rule)",
+    )
+    table.add_column("score", no_wrap=True)
+    for when in ("last", "sel"):
+        table.add_column(f"{when} acc", justify="right", no_wrap=True)
+        table.add_column(f"{when} F1", justify="right", no_wrap=True)
+    for key in ("personalization", "generalization", "global"):
+        cells = []
+        for part in (summary["final"][key], sel[key]):
+            if part is None:
+                cells += ["-", "-"]
+            else:
+                cells += [pct(part["acc"]), f"{pct(part['f1'])} ± {pct(part['f1_std'])}"]
+        table.add_row(key, *cells)
+    t, c = summary["time"], summary["comm"]
+    cost = (
+        f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "
+        f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB"
+    )
+    return table, cost, [str(w) for w in summary.get("warnings", [])]
+
+
+def print_summary(view: SummaryView, run_dir: Path | None = None) -> None:
+    table, cost, warnings = view
+    console.print(table)
+    console.print(cost, highlight=False)
+    for warning in warnings:
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    if run_dir is not None:
+        console.print(f"run directory: {run_dir}", highlight=False)
