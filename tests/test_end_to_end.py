@@ -29,8 +29,8 @@ def test_uci_har_natural_clients_learn(shared_data, algorithm):
     )
     sim = simulate(prepare(cfg))
     losses = []
-    summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))
-    assert summary["num_clients"] == 30
+    summary = sim.run(on_round=lambda r, info, rec: losses.append(info.train_loss))
+    assert summary.num_clients == 30
     assert losses[-1] < losses[0]
-    assert summary["final"]["personalization"]["acc"] > 1 / 6 + 0.1  # well above chance
-    assert len(sim.history[-1]["clients"]["pers_f1"]) == 30
+    assert summary.final.personalization.acc > 1 / 6 + 0.1  # well above chance
+    assert len(sim.history[-1].clients.pers_f1) == 30

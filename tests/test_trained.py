@@ -54,8 +54,8 @@ def test_a_fedavg_client_is_scored_with_the_model_its_fit_returned(tmp_path):
 
     prepared.algorithm.fit = spy  # type: ignore[method-assign]
     summary = loop.run()
-    chosen = summary["selected"]["round"]
-    record = next(h for h in loop.history if h["round"] == chosen)
+    chosen = summary.selected.round
+    record = next(h for h in loop.history if h.round == chosen)
     model = copy.deepcopy(prepared.model).eval()
     checked = 0
     for i, data in enumerate(prepared.fed.clients):
@@ -67,8 +67,8 @@ def test_a_fedavg_client_is_scored_with_the_model_its_fit_returned(tmp_path):
             pred = model(data.test_x).argmax(1).numpy()
         y = data.test_y.numpy()
         f1 = f1_score(y, pred, labels=np.unique(y), average="macro", zero_division=0)
-        assert record["clients"]["pers_acc"][i] == pytest.approx(accuracy_score(y, pred))
-        assert record["clients"]["pers_f1"][i] == pytest.approx(f1)
+        assert record.clients.pers_acc[i] == pytest.approx(accuracy_score(y, pred))
+        assert record.clients.pers_f1[i] == pytest.approx(f1)
         checked += 1
     assert checked >= 3 and any(r == chosen for r, _ in returned)
     # Run.client_model gives the kept model back: each client's last training
