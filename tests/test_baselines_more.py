@@ -620,8 +620,8 @@ def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
     )
     assert isinstance(ala.algorithm, AdaptiveLocalAggregation)
     a, b = plain.run(), ala.run()
-    assert a["comm"] == b["comm"]  # ALA sends nothing
-    assert b["algorithm"] == f"{name}+ala"
+    assert a.comm == b.comm  # ALA sends nothing
+    assert b.algorithm == f"{name}+ala"
     for cid in range(4):
         state = ala.client_state(cid)
         assert state[WEIGHTS]
@@ -654,12 +654,13 @@ def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
     )
     sim = simulate(prepare(cfg))
     losses: list[float] = []
-    summary = sim.run(on_round=lambda r, info, rec: losses.append(info["train_loss"]))
-    final = summary["final"]
-    assert summary["rounds"] == 3 and all(math.isfinite(v) for v in losses)
-    assert math.isfinite(final["personalization"]["f1"])
-    assert final["personalization"]["acc"] > 0.3  # 6 classes: chance is about 0.17
-    assert (final["global"] is not None) == ALGORITHMS[name].has_global_model
+    summary = sim.run(on_round=lambda r, info, rec: losses.append(info.train_loss))
+    final = summary.final
+    assert final is not None
+    assert summary.rounds == 3 and all(math.isfinite(v) for v in losses)
+    assert final.personalization.f1 is not None and math.isfinite(final.personalization.f1)
+    assert final.personalization.acc > 0.3  # 6 classes: chance is about 0.17
+    assert (final.global_ is not None) == ALGORITHMS[name].has_global_model
     if name != "moon":  # MOON's loss gains its contrastive term from round 2 on
         assert losses[-1] < losses[0]
-    assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
+    assert summary.comm.up_bytes > 0 and summary.comm.down_bytes > 0
