@@ -553,8 +553,9 @@ def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
         ],
     )
     summary = simulate(prepare(cfg)).run()
-    final = summary["final"]
-    assert summary["rounds"] == 3
-    assert final["personalization"]["acc"] > 0.3  # 6 classes: chance is about 0.17
-    assert (final["global"] is not None) == ALGORITHMS[name].has_global_model
-    assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
+    final = summary.final
+    assert final is not None
+    assert summary.rounds == 3
+    assert final.personalization.acc > 0.3  # 6 classes: chance is about 0.17
+    assert (final.global_ is not None) == ALGORITHMS[name].has_global_model
+    assert summary.comm.up_bytes > 0 and summary.comm.down_bytes > 0

@@ -428,14 +428,15 @@ def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
         ],
     )
     summary = simulate(prepare(cfg)).run()
-    final = summary["final"]
-    assert summary["rounds"] == 2
-    assert final["personalization"]["acc"] > 0.3  # 6 classes: chance is about 0.17
-    assert final["generalization"]["acc"] > 0.3
-    assert final["global"] is not None and final["global"]["acc"] > 0.3
+    final = summary.final
+    assert final is not None
+    assert summary.rounds == 2
+    assert final.personalization.acc > 0.3  # 6 classes: chance is about 0.17
+    assert final.generalization is not None and final.generalization.acc > 0.3
+    assert final.global_ is not None and final.global_.acc > 0.3
     # up: weights + local prototypes; down: weights + global prototypes + 12 scalars (beta,
     # gamma of the 6 layers): the same size but for those scalars, for the 4 clients
-    comm = summary["comm"]
-    assert comm["down_bytes_per_round"] - comm["up_bytes_per_round"] == 4 * 12 * 4
+    comm = summary.comm
+    assert comm.down_bytes_per_round - comm.up_bytes_per_round == 4 * 12 * 4
     protos = sum(g * 192 * 4 for g in [16, 16, 8, 8, 4, 4])
-    assert comm["up_bytes_per_round"] > 4 * protos
+    assert comm.up_bytes_per_round > 4 * protos

@@ -212,15 +212,16 @@ def test_a_short_run_on_uci_har_aligns_and_reports_a_global_model(shared_data) -
     )
     sim = simulate(prepare(cfg))
     summary = sim.run()
-    final = summary["final"]
-    assert summary["rounds"] == 3
-    assert final["global"]["acc"] > 0.4  # 6 classes: chance is about 0.17
-    assert summary["comm"]["up_bytes"] > 0 and summary["comm"]["down_bytes"] > 0
+    final = summary.final
+    assert final is not None and final.global_ is not None
+    assert summary.rounds == 3
+    assert final.global_.acc > 0.4  # 6 classes: chance is about 0.17
+    assert summary.comm.up_bytes > 0 and summary.comm.down_bytes > 0
     server = sim.server
     glob = server[GLOBAL_PROTOS]
     assert glob["present"].tolist() == [1.0] * 6 and glob["prototypes"].shape == (6, 64)
-    stats = final["server"]  # the server's metrics of the last round, by name
-    assert stats == sim.history[-1]["server"]
+    stats = final.server  # the server's metrics of the last round, by name
+    assert stats == sim.history[-1].server
     mean_lambda, mean_het, groups = (
         stats["lambda_mean"],
         stats["heterogeneity_mean"],

@@ -249,8 +249,10 @@ def _config(shared_data, *extra: str):
 def test_fedsub_runs_on_wisdm_and_sends_each_client_its_own_model(shared_data):
     sim = simulate(prepare(_config(shared_data)))
     summary = sim.run()
-    assert summary["rounds"] == 2 and len(sim.history) == 2
-    f1 = summary["final"]["personalization"]["f1"]
+    assert summary.rounds == 2 and len(sim.history) == 2
+    assert summary.final is not None
+    f1 = summary.final.personalization.f1
+    assert f1 is not None
     assert 0.2 < f1 <= 1.0  # 6 classes; chance macro-F1 is far lower than this after training
     algo = sim.algorithm
     a, b = algo.configure(sim.server, 0, 3)["model"], algo.configure(sim.server, 1, 3)["model"]

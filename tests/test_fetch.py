@@ -195,8 +195,8 @@ def test_uci_har_fetch_matches_the_shared_conversion_and_runs(shared_data, tmp_p
     from protofed.runtime.prepare import prepare
 
     summary = simulate(prepare(cfg)).run()
-    assert summary["num_clients"] == len(set(subject[order].tolist()))
-    assert summary["final"]["personalization"]["acc"] > 0
+    assert summary.num_clients == len(set(subject[order].tolist()))
+    assert summary.final is not None and summary.final.personalization.acc > 0
 
 
 def _idx(path: Path, array: np.ndarray) -> None:

@@ -129,10 +129,10 @@ def test_a_bf16_run_on_uci_har_natural_clients(shared_data):
     )
     losses: list[float] = []
     summary = simulate(prepare(cfg)).run(
-        on_round=lambda r, info, rec: losses.append(info["train_loss"])
+        on_round=lambda r, info, rec: losses.append(info.train_loss)
     )
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    assert summary["final"]["personalization"]["acc"] > 0.3  # 6 classes: chance ~0.17
+    assert summary.final.personalization.acc > 0.3  # 6 classes: chance ~0.17
 
 
 def test_config_rejects_an_unknown_precision():

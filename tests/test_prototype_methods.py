@@ -20,6 +20,7 @@ from protofed.algorithms.common.prototype_losses import (
 from protofed.algorithms.fedproto import FedProto
 from protofed.algorithms.pfpl import PFPL, neighbour_weights, personalized_prototypes
 from protofed.config import DataConfig, ModelConfig, TrainConfig, build_config
+from protofed.core.results import Summary
 from protofed.data.federated import ClientData
 from protofed.data.partition import mixed
 from protofed.data.types import Dataset
@@ -322,7 +323,7 @@ def test_mixed_gives_each_client_one_domain_and_n_classes_or_n_on_average() -> N
 
 
 # end to end on real data ------------------------------------------------------------------
-def _run(tmp_path, shared_data, name: str, **overrides) -> tuple[dict, dict]:
+def _run(tmp_path, shared_data, name: str, **overrides) -> tuple[Summary, dict]:
     raw = {
         "seed": 0,
         "data": {
@@ -345,11 +346,12 @@ def _run(tmp_path, shared_data, name: str, **overrides) -> tuple[dict, dict]:
 @pytest.mark.parametrize("name", ["fedproto", "pfpl"])
 def test_runs_end_to_end_on_office_caltech_domains(tmp_path, shared_data, name: str) -> None:
     summary, by_domain = _run(tmp_path, shared_data, name)
-    pers = summary["final"]["personalization"]
-    assert pers["acc"] > 0.5  # 3 classes per client: chance is 1/3
-    assert summary["final"]["global"] is None
+    assert summary.final is not None
+    pers = summary.final.personalization
+    assert pers.acc > 0.5  # 3 classes per client: chance is 1/3
+    assert summary.final.global_ is None
     # only prototypes travel: 8 clients x 3 rounds x 3 classes x 64 floats up, at most
-    up = summary["comm"]["up_bytes"]
+    up = summary.comm.up_bytes
     assert 0 < up <= 8 * 3 * 3 * (64 * 4 + 8 + 4)
     model_bytes = (800 * 64 + 64 + 64 * 10 + 10) * 4
     assert up < 0.1 * model_bytes * 8 * 3
@@ -388,7 +390,8 @@ def test_pfpl_runs_on_digits_domains(tmp_path, shared_data) -> None:
     }
     sim = start(build_config(raw), tmp_path / "digits")
     summary = sim.run()
-    assert summary["final"]["personalization"]["acc"] > 0.6  # 2 classes each
+    assert summary.final is not None
+    assert summary.final.personalization.acc > 0.6  # 2 classes each
     # 6 clients dealt round-robin over the 3 domains: every domain scored, 2 clients each
     by_domain = group_scores(tmp_path / "digits")
     assert set(by_domain) == {"mnist", "usps", "mnist_m"}
