@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from protofed.api import Run
 from protofed.cli import app
 from protofed.config import load_config
+from protofed.core.results import RoundInfo, RoundRecord
 from protofed.data import build_federated
 from protofed.plots import save_figure
 from protofed.plots.embed import (
@@ -76,7 +77,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         out[name] = root / name
         start(load_config(None, [*SMALL, *extra]), out[name]).run()
 
-    def kill(r: int, info: dict, record: dict | None) -> None:
+    def kill(r: int, info: RoundInfo, record: RoundRecord | None) -> None:
         if r == 2:
             raise Killed
 

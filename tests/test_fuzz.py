@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from protofed.cli import app
 from protofed.config import load_config
+from protofed.core.results import RoundInfo, RoundRecord
 from protofed.runtime import start
 
 runner = CliRunner()
@@ -109,7 +110,7 @@ def killed_run(tmp_path_factory) -> Path:
     class Killed(Exception):
         pass
 
-    def kill(r: int, info: dict, record: dict | None) -> None:
+    def kill(r: int, info: RoundInfo, record: RoundRecord | None) -> None:
         if r == 2:
             raise Killed
 
