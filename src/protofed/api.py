@@ -368,7 +368,11 @@ def pretrain(
     if on_start is not None:
         done = f"; resuming after epoch {len(job.losses)}" if job.losses else ""
         on_start(job.describe() + done)
-    job.run(on_epoch, on_state=lambda tensors: save_checkpoint(state, tensors))
+
+    def keep_state(tensors: dict[str, torch.Tensor]) -> None:
+        save_checkpoint(state, tensors)
+
+    job.run(on_epoch, on_state=keep_state)
     save_checkpoint(out, job.checkpoint())
     state.unlink(missing_ok=True)
     return out

@@ -136,6 +136,21 @@ class AlpConfig(_Section):
         "batch",
         description="Sinkhorn over the whole batch (paper) or per sample (batch-independent).",
     )
+    update: Literal["topk", "single"] = Field(
+        "topk",
+        description="Local EMA update: soft top-k per prototype (paper) or each token's argmax "
+        "prototype alone (single: the official code from scratch).",
+    )
+    sinkhorn_order: Literal["rows_last", "columns_last"] = Field(
+        "rows_last",
+        description="Sinkhorn step that ends each iteration: tokens (rows_last, SwAV's code) or "
+        "prototypes (columns_last: the paper's eq. 3 and the official code).",
+    )
+    normalize_only: bool = Field(
+        False,
+        description="Layers that only L2-normalise each token, no prototypes (a control; "
+        "needs enabled=true; not a FedAli model).",
+    )
 
     @field_validator("prototypes")
     @classmethod
@@ -145,12 +160,34 @@ class AlpConfig(_Section):
         return v
 
 
+class HartConfig(_Section):
+    """The `hart` backbone's attention and MLP (defaults: protofed's; FedAli's official
+    code: head_dim 48, dropouts 0.3, swish; configs/fedali_official.yaml)."""
+
+    head_dim: int | None = Field(
+        None, ge=1, description="Dimensions per attention head (None: width / heads, 16)."
+    )
+    attention_dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the attention weights."
+    )
+    mlp_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the MLP's hidden layer.")
+    mlp_activation: Literal["gelu", "swish", "relu"] = Field(
+        "gelu", description="The blocks' MLP activation."
+    )
+    embedding_activation: Literal["relu", "swish", "gelu"] = Field(
+        "relu", description="The 1024-unit embedding layer's activation."
+    )
+
+
 class ModelConfig(_Section):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [200, 200], description="mlp hidden sizes.")
     embedding_dim: int | None = Field(None, ge=1, description="Embedding size where configurable.")
     alp: AlpConfig = Field(
         default_factory=AlpConfig, description="FedAli's ALP layers (hart, vit_tiny)."
+    )
+    hart: HartConfig = Field(
+        default_factory=HartConfig, description="The hart backbone's attention and MLP."
     )
     init: str | None = Field(
         None,

@@ -76,7 +76,7 @@ def _require_flower() -> None:
 
 def _flower_start(cfg: ExperimentConfig, out: str | Path, overwrite: bool) -> RoundLoop:
     _require_flower()
-    from protofed.flower.engine import start
+    from protofed.flower.simulation import start
 
     return start(cfg, out, overwrite=overwrite)
 
@@ -84,7 +84,7 @@ def _flower_start(cfg: ExperimentConfig, out: str | Path, overwrite: bool) -> Ro
 def _flower_drive(loop: RoundLoop, on_round: OnRound | None) -> None:
     """The loop inside its own Flower simulation session."""
     _require_flower()
-    from protofed.flower.engine import run_simulation_loop
+    from protofed.flower.simulation import run_simulation_loop
 
     run_simulation_loop(loop, on_round)
 

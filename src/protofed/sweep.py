@@ -1,6 +1,6 @@
 """Sweeps: a grid of experiments times seeds, run side by side, resumable (docs/sweeps.md).
 
-    spec = load_spec("configs/sweeps/fedsub_claims_cpu.yaml")
+    spec = load_spec("experiments/sweeps/fedsub_claims_cpu.yaml")
     for run in spec.expand():          # every experiment, validated, before anything runs
         print(run.name, run.changes)
     result = run_sweep(spec, "runs/fedsub_claims", workers=2)

@@ -13,7 +13,8 @@ from torch import nn
 from torch.func import functional_call
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
+from protofed.training.client import Client
 
 PERSONAL = "personal"  # client state: v's parameters
 BUFFERS = "buffers"  # client state: v's buffers (BatchNorm statistics; none: absent or empty)

@@ -36,12 +36,12 @@ from protofed.core.types import (
     MODEL,
     AggregateResult,
     Arrays,
-    Client,
     FitResult,
     Metrics,
     Records,
     Reply,
 )
+from protofed.training.client import Client
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,8 @@ from pydantic import Field
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.ala import PERSONAL
 from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
+from protofed.training.client import Client
 
 
 class Ditto(Algorithm):

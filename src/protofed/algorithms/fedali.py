@@ -14,10 +14,11 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.nn.alp import BETA, GAMMA, GLOBAL, LOCAL
 from protofed.prototypes import kmeans
+from protofed.training.client import Client
 
 # records besides "model" (the weights without the ALP layers' banks and scalars)
 GLOBAL_BANKS = "global"  # server state and message: every ALP layer's global prototypes

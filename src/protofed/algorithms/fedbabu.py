@@ -13,7 +13,8 @@ from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
+from protofed.training.client import Client
 
 PERSONAL = "personal"  # client state: the fine-tuned model
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.errors import ConfigError
+from protofed.training.client import Client
 
 BATCHNORM = "batchnorm"  # client state: the client's BatchNorm layers
 STATISTICS = "running_mean"  # the buffer that marks a BatchNorm layer

@@ -23,12 +23,12 @@ from protofed.core.types import (
     MODEL,
     AggregateResult,
     Arrays,
-    Client,
     FitResult,
     Metrics,
     Records,
     Reply,
 )
+from protofed.training.client import Client
 
 ASSIGN = "assign"  # server state: {"assign": each client's group, a (num_clients,) tensor}
 PERSONAL = "personal"  # client state: the fine-tuned model

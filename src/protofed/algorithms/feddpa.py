@@ -17,7 +17,7 @@ from pydantic import Field
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.core.seeding import SERVER, derive_seed
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     best_kmeans,
@@ -28,6 +28,7 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
+from protofed.training.client import Client
 
 # the server's record of the global prototypes: "prototypes" (C, D) and "present" (C,), 1
 # where a class has a global prototype (sent down packed, as the record `protos`)

@@ -8,20 +8,21 @@ See docs/algorithms/fedhome.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.split import split_arrays
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.prototypes import embed
+from protofed.training.client import Client
 from protofed.training.loop import train_epochs
 
 if TYPE_CHECKING:
-    from protofed.models.base import FedModel
+    pass
 
 HEAD = "head"  # a client's state in the fine-tuning phase: its fine-tuned head
 
@@ -101,7 +102,7 @@ class FedHome(Algorithm):
             metrics = client.train_model()
             return FitResult({MODEL: client.weights()}, metrics)
         client.load(self.head(message, state))
-        model = cast("FedModel", client.model)
+        model = client.model
         z = embed(model, client.data.train_x)
         zb, yb = smote_balance(z, client.data.train_y, self.params.k_neighbors, client.generator)
         metrics = train_epochs(

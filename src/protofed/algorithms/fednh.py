@@ -18,7 +18,7 @@ from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.split import body_names, body_parameters
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     class_means,
@@ -27,6 +27,7 @@ from protofed.prototypes import (
     pack_prototypes,
     unpack_prototypes,
 )
+from protofed.training.client import Client
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel

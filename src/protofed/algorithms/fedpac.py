@@ -21,8 +21,9 @@ from protofed.algorithms.common.decoupled import (
     head_then_aligned_body,
 )
 from protofed.algorithms.common.split import head_names, split_arrays
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
+from protofed.training.client import Client
 
 HEAD = "head"  # a head: the client's own (state, reply), or its combined one (message)
 STATS = "stats"  # a reply's feature statistics: {"variance": (1,)}

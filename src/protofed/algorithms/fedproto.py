@@ -14,7 +14,7 @@ from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     embedding_means,
@@ -23,6 +23,7 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
+from protofed.training.client import Client
 from protofed.training.loop import LossFn
 
 

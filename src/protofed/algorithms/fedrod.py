@@ -16,8 +16,9 @@ from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.algorithms.common.split import HEAD, head_names
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.errors import ConfigError
+from protofed.training.client import Client
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -75,7 +76,7 @@ class FedRoD(Algorithm):
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
-        model = cast("FedModel", client.model)
+        model = client.model
         personal = copy.deepcopy(model.head)
         prefix = f"{HEAD}."  # the head module's own names, without the model's prefix
         personal.load_state_dict(

@@ -18,9 +18,10 @@ from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting
 from protofed.core.seeding import SERVER, derive_seed
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.prototypes import best_kmeans, class_means, shared_class_similarity
+from protofed.training.client import Client
 
 # records besides "model" (the shared layers)
 MASKS = "masks"  # reply: each shared parameter's per-class activation mask, by its name

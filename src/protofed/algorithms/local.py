@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
+from protofed.training.client import Client
 
 
 class Local(Algorithm):

@@ -15,7 +15,8 @@ from pydantic import Field
 from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Records
+from protofed.training.client import Client
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -81,7 +82,7 @@ class MOON(Algorithm):
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         client.load(message[MODEL])
-        model = cast("FedModel", client.model)
+        model = client.model
         if self.params.mu > 0 and PREVIOUS in state:
             loss = moon_loss(
                 frozen_copy(model, message[MODEL]),

@@ -16,7 +16,8 @@ from pydantic import Field
 from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Metrics, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Metrics, Records
+from protofed.training.client import Client
 from protofed.training.loop import batches, cross_entropy, make_optimizer
 
 PERSONAL = "personal"  # client state: the adapted model

@@ -13,7 +13,8 @@ from pydantic import Field
 from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Metrics
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
+from protofed.training.client import Client
 from protofed.training.loop import batches, cross_entropy
 
 PERSONAL = "personal"  # client state: theta, the personalized model

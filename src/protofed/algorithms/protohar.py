@@ -19,7 +19,7 @@ from protofed.algorithms.common.decoupled import (
     head_then_aligned_body,
 )
 from protofed.algorithms.common.split import split_arrays
-from protofed.core.types import MODEL, AggregateResult, Arrays, Client, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
     embedding_means,
@@ -27,6 +27,7 @@ from protofed.prototypes import (
     pack_prototypes,
     unpack_prototypes,
 )
+from protofed.training.client import Client
 
 HEAD = "head"  # a client's state: its personal head
 

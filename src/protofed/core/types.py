@@ -15,13 +15,9 @@ docs/architecture.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import NamedTuple
 
 import torch
-
-if TYPE_CHECKING:
-    from protofed.config import TrainConfig
-    from protofed.data.federated import ClientData
 
 Arrays = dict[str, torch.Tensor]
 """One record: names to tensors (a model's weights, a prototype table, a few scalars)."""
@@ -50,6 +46,16 @@ class Reply:
     num_examples: float = 1.0
 
 
+class Delivery(NamedTuple):
+    """A reply as a transport hands it to the round loop, with the bytes that crossed the
+    wire for it: the message down to the client and the reply up (0 and 0 where nothing
+    crossed one, as for the pooled reference client)."""
+
+    reply: Reply
+    down_bytes: int
+    up_bytes: int
+
+
 @dataclass
 class FitResult:
     """What a client's `fit` returns: the reply it sends, its metrics, the state it keeps."""
@@ -68,30 +74,6 @@ class AggregateResult:
 
     server: Records
     metrics: Metrics = field(default_factory=dict)
-
-
-class Client(Protocol):
-    """What a client's side of an algorithm is handed in `fit` (see protofed.training.Client).
-
-    `model` is a workspace: `fit` loads what it needs into it. `generator` is seeded from
-    (seed, round, client), so results do not depend on which clients ran before.
-    """
-
-    id: int
-    data: ClientData
-    model: torch.nn.Module
-    train: TrainConfig
-    server_round: int
-    generator: torch.Generator
-
-    @property
-    def num_examples(self) -> int: ...
-
-    def load(self, arrays: Arrays) -> None: ...
-
-    def weights(self) -> Arrays: ...
-
-    def train_model(self, **kwargs) -> Metrics: ...
 
 
 def records_fault(records: object, what: str) -> str | None:

@@ -8,7 +8,6 @@
   with `session` for its process side (Ray, signals, clean-up) and `settings` for the
   `flower.*` checks;
 - `deployment`: the deployed loop (`deploy`) and its client-side evaluation;
-- `engine`: a compatibility module re-exporting the names above;
 - `serverapp`: the deployed ServerApp (`flwr run flower_app <superlink>`);
 - `partitions`: one client's data per file for the SuperNodes
   (`protofed flower export CONFIG --out DIR`).

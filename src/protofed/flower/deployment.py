@@ -9,13 +9,14 @@ simulation.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import torch
 from flwr.serverapp import Grid
 
 from protofed.config import ExperimentConfig
+from protofed.core.results import ClientScores, GlobalScores, RoundScores, finite
 from protofed.core.types import Arrays, Records
 from protofed.data.federated import SPLITS, ClientData, FederatedData
 from protofed.errors import ConfigError
@@ -52,12 +53,12 @@ class ClientSideEvaluation:
         self.transport = transport
         self.present = present
 
-    def evaluate(self, server: Records, server_round: int) -> dict:
+    def evaluate(self, server: Records, server_round: int) -> RoundScores:
         global_model = self.prepared.algorithm.global_model(server)
         counts = self.client_counts(server, server_round, global_model)
         result = self.personal_scores(counts)
         if global_model is not None:
-            result["global"] = self.global_score(counts["global.test"])
+            result = replace(result, global_=self.global_score(counts["global.test"]))
         return result
 
     def missing_counts(self) -> np.ndarray:
@@ -109,9 +110,9 @@ class ClientSideEvaluation:
                 counts[key].append(value.numpy() if value is not None and ok else missing)
         return counts
 
-    def personal_scores(self, counts: dict[str, list[np.ndarray]]) -> dict[str, Any]:
+    def personal_scores(self, counts: dict[str, list[np.ndarray]]) -> RoundScores:
         """The result without the global score: personalization and validation, per client
-        and summarized."""
+        and summarized (no generalization: no client holds the others' data)."""
         scores = {}
         rule = self.prepared.cfg.eval.f1_labels
         for key in ("pers.test", "pers.val"):
@@ -119,23 +120,24 @@ class ClientSideEvaluation:
             stack[stack < 0] = np.nan  # a client without scores counts as missing
             acc, f1 = scores_from_counts(stack[:, 0], stack[:, 1], stack[:, 2], rule)
             scores[key] = (acc, f1)
-        return {
-            "personalization": summarize(*scores["pers.test"]),
-            "generalization": None,
-            "val": summarize(*scores["pers.val"]),
-            "global": None,
-            "clients": {
-                "pers_acc": scores["pers.test"][0].tolist(),
-                "pers_f1": scores["pers.test"][1].tolist(),
-                "gen_acc": [],
-                "gen_f1": [],
-                "val_acc": scores["pers.val"][0].tolist(),
-                "val_f1": scores["pers.val"][1].tolist(),
-                "client_ids": self.present,
-            },
-        }
+        (pers_acc, pers_f1), (val_acc, val_f1) = scores["pers.test"], scores["pers.val"]
+        return RoundScores(
+            personalization=summarize(pers_acc, pers_f1),
+            generalization=None,
+            val=summarize(val_acc, val_f1),
+            global_=None,
+            clients=ClientScores(
+                pers_acc=[finite(v) for v in pers_acc.tolist()],
+                pers_f1=[finite(v) for v in pers_f1.tolist()],
+                gen_acc=[],
+                gen_f1=[],
+                val_acc=[finite(v) for v in val_acc.tolist()],
+                val_f1=[finite(v) for v in val_f1.tolist()],
+                client_ids=list(self.present),
+            ),
+        )
 
-    def global_score(self, counts: list[np.ndarray]) -> dict[str, float] | None:
+    def global_score(self, counts: list[np.ndarray]) -> GlobalScores | None:
         """The global model on the test splits of the clients that sent counts, pooled; None
         when none did."""
         rows = np.stack([g for g in counts if (g >= 0).all()] or [self.missing_counts()])
@@ -145,11 +147,11 @@ class ClientSideEvaluation:
         total = rows.sum(0)
         acc, f1 = scores_from_counts(total[None, 0], total[None, 1], total[None, 2], rule)
         _, per_client = scores_from_counts(rows[:, 0], rows[:, 1], rows[:, 2], rule)
-        return {
-            "acc": float(acc[0]),
-            "f1": float(f1[0]),
-            "f1_std": float(np.nanstd(per_client)),
-        }
+        return GlobalScores(
+            acc=finite(float(acc[0])),
+            f1=finite(float(f1[0])),
+            f1_std=finite(float(np.nanstd(per_client))),
+        )
 
 
 def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tuple[RoundLoop, dict]:

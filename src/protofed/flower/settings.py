@@ -12,7 +12,7 @@ from protofed.runtime import Prepared
 def check_settings(prepared: Prepared, per_round: int, simulated: bool) -> None:
     """The Flower settings against the experiment, before any file exists."""
     cfg = prepared.cfg
-    if prepared.pooled is not None:
+    if prepared.algorithm.pools_data:
         raise ConfigError(
             f"'{prepared.algorithm.name}' pools all data in one client: run it on the built-in engine"
         )

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from protofed.core.types import MODEL, Arrays, Records, Reply, nbytes
+from protofed.core.types import MODEL, Arrays, Delivery, Records, Reply, nbytes
 from protofed.errors import RunStopped
 from protofed.flower import wire
 from protofed.flower.validation import Rejected, ReplyValidator
@@ -193,9 +193,7 @@ class FlowerTransport:
         return content
 
     # the transport ---------------------------------------------------------------------------
-    def fit(
-        self, server: Records, server_round: int, clients: list[int]
-    ) -> Iterator[tuple[Reply, int]]:
+    def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
         messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
         cache: dict = {}
         contents = {
@@ -243,7 +241,8 @@ class FlowerTransport:
         # kept reply's (the loop counts bytes down per reply it sees)
         unanswered = sum(sent[r.client] for r in rejected)
         for i, reply in enumerate(kept):
-            yield reply, sent[reply.client] + (unanswered if i == 0 else 0)
+            down = sent[reply.client] + (unanswered if i == 0 else 0)
+            yield Delivery(reply, down, nbytes(reply.records))
 
     def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]:
         """Every client's personalized model, fetched from the clients in one exchange."""

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofed.config import AlpConfig, ModelConfig
+from protofed.config import AlpConfig, HartConfig, ModelConfig
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
 from protofed.models.cnn1d import require_sequence
-from protofed.nn.alp import ALP
+from protofed.nn.alp import ALP, TokenNormalize
 
 BLOCKS = 6
 DIM = 192
@@ -26,10 +26,17 @@ FRAME = 16
 HART_KERNELS = (3, 7, 15, 31, 31, 31)
 
 
-def make_alps(cfg: AlpConfig, dim: int, blocks: int) -> list[ALP | None]:
-    """One ALP layer per block from `model.alp` (None everywhere when disabled)."""
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "swish": nn.SiLU, "relu": nn.ReLU}
+"""The activations `model.hart.*_activation` name (swish = SiLU, x * sigmoid(x))."""
+
+
+def make_alps(cfg: AlpConfig, dim: int, blocks: int) -> list[nn.Module | None]:
+    """One ALP layer per block from `model.alp` (None everywhere when disabled; a token
+    normalisation without prototypes with `normalize_only`)."""
     if not cfg.enabled:
         return [None] * blocks
+    if cfg.normalize_only:
+        return [TokenNormalize() for _ in range(blocks)]
     counts = cfg.prototypes * blocks if len(cfg.prototypes) == 1 else cfg.prototypes
     if len(counts) != blocks:
         raise ConfigError(
@@ -43,6 +50,8 @@ def make_alps(cfg: AlpConfig, dim: int, blocks: int) -> list[ALP | None]:
             iterations=cfg.iterations,
             matching=cfg.matching,
             topk=cfg.topk,
+            update=cfg.update,
+            sinkhorn_order=cfg.sinkhorn_order,
             glu=cfg.glu,
             use_global=cfg.use_global,
             local_at_inference=cfg.local_at_inference,
@@ -67,32 +76,51 @@ class DropPath(nn.Module):
 
 
 class Mlp(nn.Sequential):
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+    """Linear, activation, dropout, linear, dropout (`out_dropout`: the official HART has
+    none after its second layer)."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        out_dropout: float | None = None,
+    ) -> None:
         super().__init__(
             nn.Linear(dim, hidden),
-            nn.GELU(),
+            ACTIVATIONS[activation](),
             nn.Dropout(dropout),
             nn.Linear(hidden, dim),
-            nn.Dropout(dropout),
+            nn.Dropout(dropout if out_dropout is None else out_dropout),
         )
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention on (B, Z, d), by torch's fused scaled-dot-product kernel."""
+    """Multi-head self-attention on (B, Z, d), by torch's fused scaled-dot-product kernel.
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+    `head_dim` (default d / heads): each head's width; the heads' concatenation (heads x
+    head_dim) is projected back to d, as Keras' MultiHeadAttention with key_dim does."""
+
+    def __init__(
+        self, dim: int, heads: int, dropout: float = 0.0, head_dim: int | None = None
+    ) -> None:
         super().__init__()
         self.heads, self.dropout = heads, dropout
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
+        self.head_dim = head_dim or dim // heads
+        inner = self.heads * self.head_dim
+        self.qkv = nn.Linear(dim, 3 * inner)
+        self.out = nn.Linear(inner, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, z, d = x.shape
-        q, k, v = self.qkv(x).reshape(b, z, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, z, _ = x.shape
+        q, k, v = (
+            self.qkv(x).reshape(b, z, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        )
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0
         )
-        return self.out(y.transpose(1, 2).reshape(b, z, d))
+        return self.out(y.transpose(1, 2).reshape(b, z, self.heads * self.head_dim))
 
 
 class LiteConv(nn.Module):
@@ -113,16 +141,26 @@ class LiteConv(nn.Module):
 
 
 class HartBlock(nn.Module):
-    def __init__(self, dim: int, kernel: int, drop_path: float, alp: ALP | None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        kernel: int,
+        drop_path: float,
+        alp: nn.Module | None,
+        hart: HartConfig | None = None,
+    ) -> None:
         super().__init__()
+        cfg = hart or HartConfig()
         self.q = dim // 4
         self.norm1 = nn.LayerNorm(dim)
         self.alp = alp
-        self.attn_acc = Attention(self.q, heads=3)
+        attention = {"heads": 3, "dropout": cfg.attention_dropout, "head_dim": cfg.head_dim}
+        self.attn_acc = Attention(self.q, **attention)
         self.lite = LiteConv(dim - 2 * self.q, kernel)
-        self.attn_gyro = Attention(self.q, heads=3)
+        self.attn_gyro = Attention(self.q, **attention)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, 2 * dim)
+        # the official MLP drops out after its hidden layer only; protofed's default none
+        self.mlp = Mlp(dim, 2 * dim, cfg.mlp_dropout, cfg.mlp_activation, out_dropout=0.0)
         self.drop = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,8 +177,16 @@ class HartBlock(nn.Module):
 
 
 class HartFeatures(nn.Module):
-    def __init__(self, channels: int, tokens: int, alps: list[ALP | None], dropout: float) -> None:
+    def __init__(
+        self,
+        channels: int,
+        tokens: int,
+        alps: list[nn.Module | None],
+        dropout: float,
+        hart: HartConfig | None = None,
+    ) -> None:
         super().__init__()
+        cfg = hart or HartConfig()
         self.channels, self.tokens = channels, tokens
         self.split = channels == 6
         if self.split:  # accelerometer and gyroscope frames projected separately
@@ -151,10 +197,12 @@ class HartFeatures(nn.Module):
         self.pos = nn.Parameter(torch.randn(1, tokens, DIM) * 0.02)
         rates = torch.linspace(0, 0.3, len(alps)).tolist()
         self.blocks = nn.ModuleList(
-            HartBlock(DIM, k, r, alp) for k, r, alp in zip(HART_KERNELS, rates, alps, strict=True)
+            HartBlock(DIM, k, r, alp, cfg)
+            for k, r, alp in zip(HART_KERNELS, rates, alps, strict=True)
         )
         self.norm = nn.LayerNorm(DIM)
         self.embed = nn.Linear(DIM, 1024)
+        self.embed_activation = ACTIVATIONS[cfg.embedding_activation]()
         self.dropout = nn.Dropout(dropout)
 
     def frames(self, x: torch.Tensor, channels: slice) -> torch.Tensor:
@@ -193,7 +241,7 @@ class HartFeatures(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encode(self.embed_patches(self.patches(x))).mean(dim=1)
-        return self.dropout(F.relu(self.embed(h)))
+        return self.dropout(self.embed_activation(self.embed(h)))
 
 
 class HART(FedModel):
@@ -210,27 +258,33 @@ class HART(FedModel):
     3-head self-attention on the last quarter, concatenated and added to the input;
     LayerNorm, MLP 2d -> d, stochastic depth rising linearly to 0.3, residual]; LayerNorm,
     mean over tokens, a 1024-unit dense layer (ReLU: settled here, the notes do not name it)
-    with dropout 0.3 as the embedding, and the classifier head.
+    with dropout 0.3 as the embedding, and the classifier head. `model.hart.*` (HartConfig)
+    sets the attention heads' width, dropouts and activations (the official code's: 48 per
+    head, 0.3, swish; the defaults keep protofed's 16, none, GELU / ReLU).
     """
 
     def __init__(
-        self, channels: int, time: int, num_classes: int, alp: AlpConfig | None = None
+        self,
+        channels: int,
+        time: int,
+        num_classes: int,
+        alp: AlpConfig | None = None,
+        hart: HartConfig | None = None,
     ) -> None:
         super().__init__()
-        self.features = HartFeatures(
-            channels, time // FRAME, make_alps(alp or AlpConfig(), DIM, BLOCKS), dropout=0.3
-        )
+        alps = make_alps(alp or AlpConfig(), DIM, BLOCKS)
+        self.features = HartFeatures(channels, time // FRAME, alps, dropout=0.3, hart=hart)
         self.head = nn.Linear(1024, num_classes)
         self.embedding_dim = 1024
 
 
 def build_hart(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> HART:
     channels, time = require_sequence("hart", input_shape, min_length=FRAME)
-    return HART(channels, time, num_classes, cfg.alp)
+    return HART(channels, time, num_classes, cfg.alp, cfg.hart)
 
 
 class VitBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, alp: ALP | None) -> None:
+    def __init__(self, dim: int, heads: int, alp: nn.Module | None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.alp = alp
@@ -247,7 +301,7 @@ class VitBlock(nn.Module):
 
 
 class VitFeatures(nn.Module):
-    def __init__(self, channels: int, side: int, alps: list[ALP | None]) -> None:
+    def __init__(self, channels: int, side: int, alps: list[nn.Module | None]) -> None:
         super().__init__()
         patch = side // 8
         self.patchify = nn.Conv2d(channels, DIM, kernel_size=patch, stride=patch)

@@ -25,6 +25,8 @@ from torch import nn
 
 from protofed.nn.linear import Linear
 from protofed.nn.ot import (
+    SINKHORN_ORDERS,
+    SinkhornOrder,
     cosine_kernel,
     direct_is_safe,
     gibbs_scalings,
@@ -33,6 +35,7 @@ from protofed.nn.ot import (
 )
 
 Matching = Literal["wasserstein", "cosine", "euclidean"]
+LocalUpdate = Literal["topk", "single"]
 
 LOCAL = "local_prototypes"
 GLOBAL = "global_prototypes"
@@ -70,7 +73,11 @@ class ALP(nn.Module):
     3. the matched prototypes (no gradient: stop-gradient below the GLU) go through the GLU;
     4. x_hat = beta * GLU + (1 - beta) * x, L2-normalised per token;
     5. local prototypes: for each, the top-k tokens of its column of the local plan, weights
-       normalised to sum 1, weighted mean x_bar; P <- gamma P + (1 - gamma) x_bar.
+       normalised to sum 1, weighted mean x_bar; P <- gamma P + (1 - gamma) x_bar
+       (`update="topk"`, the paper's). `update="single"` (the official code from scratch):
+       each token's argmax local prototype (row of the local plan) and only that one moves,
+       P <- gamma P + (1 - gamma) x; where several tokens pick one prototype the last of
+       them in token order sets it (TensorFlow's scatter update on the CPU keeps one).
     Inference (`module.eval()`): plan over the local prototypes only, argmax, GLU, mix,
     normalise; prototypes never change.
 
@@ -83,7 +90,8 @@ class ALP(nn.Module):
     score / epsilon (no balancing; argmax = nearest prototype by cosine / by Euclidean
     distance of the raw vectors); `glu=False` mixes the matched prototypes directly;
     `use_global=False` aligns to the matched local prototypes in training too;
-    `local_at_inference=False` infers with the global prototypes.
+    `local_at_inference=False` infers with the global prototypes. `sinkhorn_order` is the
+    plan's normalisation order (nn/ot.py: SwAV's `rows_last` or the official `columns_last`).
     """
 
     gamma: torch.Tensor  # the EMA's rate, a scalar buffer (registered in __init__)
@@ -99,6 +107,8 @@ class ALP(nn.Module):
         iterations: int = 3,
         matching: Matching = "wasserstein",
         topk: Literal["paper", "official"] = "paper",
+        update: LocalUpdate = "topk",
+        sinkhorn_order: SinkhornOrder = "rows_last",
         glu: bool = True,
         use_global: bool = True,
         local_at_inference: bool = True,
@@ -111,9 +121,14 @@ class ALP(nn.Module):
             raise ValueError(f"ALP: unknown topk rule '{topk}'")
         if inference not in ("batch", "sample"):
             raise ValueError(f"ALP: unknown inference mode '{inference}'")
+        if update not in ("topk", "single"):
+            raise ValueError(f"ALP: unknown local update '{update}'")
+        if sinkhorn_order not in SINKHORN_ORDERS:
+            raise ValueError(f"ALP: unknown Sinkhorn order '{sinkhorn_order}'")
         self.dim, self.num_prototypes = dim, num_prototypes
         self.epsilon, self.iterations = epsilon, iterations
         self.matching, self.topk = matching, topk
+        self.update, self.sinkhorn_order = update, sinkhorn_order
         self.use_global, self.local_at_inference = use_global, local_at_inference
         self.inference = inference
         # in eval mode a sample's output depends on its batch (Sinkhorn balances over it):
@@ -129,7 +144,8 @@ class ALP(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, prototypes={self.num_prototypes}, matching={self.matching}, "
-            f"topk={self.topk}, use_global={self.use_global}, "
+            f"topk={self.topk}, update={self.update}, order={self.sinkhorn_order}, "
+            f"use_global={self.use_global}, "
             f"local_at_inference={self.local_at_inference}, inference={self.inference}"
         )
 
@@ -145,16 +161,17 @@ class ALP(nn.Module):
         comes back as the kernel with unit scalings.
         """
         iterations = self.iterations if self.matching == "wasserstein" else 0
+        order = self.sinkhorn_order
         if self.matching != "euclidean":
             kernel = cosine_kernel(tokens, prototypes, self.epsilon)
             if kernel is not None:
-                return (kernel, *gibbs_scalings(kernel, iterations))
+                return (kernel, *gibbs_scalings(kernel, iterations, order))
             scores = F.normalize(tokens, dim=-1) @ F.normalize(prototypes, dim=-1).transpose(-2, -1)
         else:
             scores = -torch.cdist(tokens, prototypes.expand(*tokens.shape[:-2], -1, -1))
         if direct_is_safe(scores, self.epsilon):
-            return sinkhorn_scalings(scores, self.epsilon, iterations)
-        plan = sinkhorn_log(scores, self.epsilon, iterations).exp()
+            return sinkhorn_scalings(scores, self.epsilon, iterations, order)
+        plan = sinkhorn_log(scores, self.epsilon, iterations, order).exp()
         return plan, plan.new_ones(plan.shape[:-1]), plan.new_ones(*plan.shape[:-2], plan.shape[-1])
 
     def plan(self, tokens: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
@@ -190,6 +207,19 @@ class ALP(nn.Module):
         bank.mul_(self.gamma).add_((1 - self.gamma) * target.to(bank.dtype))
 
     @torch.no_grad()
+    def update_single(self, tokens: torch.Tensor, index: torch.Tensor) -> None:
+        """Step 5 as the official code from scratch: every matched local prototype moves
+        toward one token that picked it (`index` (N,): each token's argmax local prototype),
+        P <- gamma P + (1 - gamma) x; the last such token in order, deterministically."""
+        bank = getattr(self, LOCAL)
+        order = torch.arange(len(index), device=index.device)
+        last = torch.full((len(bank),), -1, dtype=order.dtype, device=index.device)
+        last.scatter_reduce_(0, index, order, reduce="amax")
+        moved = (last >= 0).nonzero().squeeze(1)
+        target = tokens[last[moved]].to(bank.dtype)
+        bank[moved] = self.gamma * bank[moved] + (1 - self.gamma) * target
+
+    @torch.no_grad()
     def _matched(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 1, 2 (and 5 in training): the bank the tokens were matched to (G, d) and
         every token's index into it (N,), in the order of `x.reshape(-1, d)`.
@@ -216,8 +246,11 @@ class ALP(nn.Module):
             index = _row_argmax(kernel[:, part], v[part])
             # the local bank is about to move (EMA below): match against a copy of it
             matched_bank = glob.detach() if self.use_global else local.detach().clone()
-            local_columns = u.unsqueeze(1) * kernel[:, :g]
-            self.update_local(flat, local_columns, batch_size=shape[0] if x.dim() > 2 else 1)
+            if self.update == "single":  # each token's argmax local prototype moves
+                self.update_single(flat, _row_argmax(kernel[:, :g], v[:g]))
+            else:
+                local_columns = u.unsqueeze(1) * kernel[:, :g]
+                self.update_local(flat, local_columns, batch_size=shape[0] if x.dim() > 2 else 1)
             return matched_bank, index
         bank = local if self.local_at_inference else glob
         per_sample = self.inference == "sample" and x.dim() > 2
@@ -262,6 +295,17 @@ class ALP(nn.Module):
             return F.normalize(x, dim=-1)  # training still updates the local prototypes
         aligned = self._aligned(bank, index).reshape(x.shape)
         return F.normalize(beta * aligned + (1 - beta) * x, dim=-1)
+
+
+class TokenNormalize(nn.Module):
+    """The ALP layer's last step alone: each token L2-normalised, no prototypes, no GLU.
+
+    A control for FedAli's comparisons (`model.alp.normalize_only=true`): what the layer's
+    normalisation does to a backbone without any alignment to prototypes.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=-1)
 
 
 def alp_layers(model: nn.Module) -> dict[str, ALP]:

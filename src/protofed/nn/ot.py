@@ -4,7 +4,10 @@ FedAli's ALP layer (Ek et al., "FedAli: Personalized Federated Learning Alignmen
 Prototype Layers for Generalized Mobile Services", eq. 3) matches token embeddings to
 prototypes with the SwAV recipe (Caron et al. 2020): Q = exp(S / epsilon), divide by its
 total, then alternately rescale so that every prototype receives 1/K of the mass and every
-point sends 1/N of it. `sinkhorn_log` runs in the log domain, safe for any epsilon > 0;
+point sends 1/N of it. Which step comes last is `order`: "rows_last" (SwAV's code, the
+library's default: the prototype step, then the point step) or "columns_last" (the FedAli
+paper's eq. 3 read as Cuturi's u-then-v iteration, and its official code on the tokens x
+prototypes matrix: the point step, then the prototype step). `sinkhorn_log` runs in the log domain, safe for any epsilon > 0;
 `sinkhorn` takes the cheaper direct (exp-domain) form when it is provably safe (bounded
 scores, see `_direct_is_safe`; docs/speed.md) and the log domain otherwise; both give the
 same plan. Scores may carry leading batch dimensions (..., N, K): each trailing (N, K)
@@ -16,15 +19,27 @@ from __future__ import annotations
 
 import math
 
+from typing import Literal
+
 import torch
 
 from protofed.nn.linear import matmul_nt
 
+SinkhornOrder = Literal["rows_last", "columns_last"]
+"""Which normalisation ends each Sinkhorn iteration: the rows' (points, SwAV's order) or the
+columns' (prototypes, the FedAli paper's and official code's order)."""
+SINKHORN_ORDERS = ("rows_last", "columns_last")
+
 _LOG2_E = 1.4426950408889634  # log2(e)
 
 
-def _check_arguments(scores: torch.Tensor, epsilon: float, iterations: int) -> None:
-    """The inputs every Sinkhorn form needs: epsilon > 0, iterations >= 0, scores (..., N, K)."""
+def _check_arguments(
+    scores: torch.Tensor, epsilon: float, iterations: int, order: str = "rows_last"
+) -> None:
+    """The inputs every Sinkhorn form needs: epsilon > 0, iterations >= 0, scores (..., N, K),
+    a known order."""
+    if order not in SINKHORN_ORDERS:
+        raise ValueError(f"sinkhorn: order must be one of {SINKHORN_ORDERS}, got '{order}'")
     if epsilon <= 0:
         raise ValueError(f"sinkhorn: epsilon must be > 0, got {epsilon}")
     if iterations < 0:
@@ -33,12 +48,18 @@ def _check_arguments(scores: torch.Tensor, epsilon: float, iterations: int) -> N
         raise ValueError(f"sinkhorn: scores must be (..., N, K), got shape {tuple(scores.shape)}")
 
 
-def sinkhorn_log(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -> torch.Tensor:
+def sinkhorn_log(
+    scores: torch.Tensor,
+    epsilon: float = 0.05,
+    iterations: int = 3,
+    order: SinkhornOrder = "rows_last",
+) -> torch.Tensor:
     """Log of the entropic transport plan for similarity `scores` (..., N, K).
 
-    The plan has total mass 1 per problem: after the final step every row sums to exactly
-    1/N, and every column sums to 1/K up to the Sinkhorn residual (which vanishes as
-    `iterations` grows). `iterations=0` gives the unbalanced Gibbs kernel normalised per row
+    The plan has total mass 1 per problem: after the final step the last-normalised side
+    (rows: every row sums to exactly 1/N; `columns_last`: every column to exactly 1/K) is
+    exact and the other holds up to the Sinkhorn residual (which vanishes as `iterations`
+    grows). `iterations=0` gives the unbalanced Gibbs kernel normalised per row
     (a row-wise softmax of scores / epsilon, divided by N): point-to-point matching.
 
     Why the log domain: `exp(S / epsilon)` overflows float32 once S / epsilon > 88 (epsilon
@@ -46,16 +67,16 @@ def sinkhorn_log(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 
     turns the plan into NaN. Here the normalisations are subtractions of `logsumexp`s, which
     never overflow, so any epsilon > 0 is safe (a test runs 1e-4).
     """
-    _check_arguments(scores, epsilon, iterations)
+    _check_arguments(scores, epsilon, iterations, order)
     n, k = scores.shape[-2], scores.shape[-1]
     log_n, log_k = math.log(n), math.log(k)
     log_q = scores.float() / epsilon
     log_q = log_q - torch.logsumexp(log_q, dim=(-2, -1), keepdim=True)  # total mass 1
+    # every prototype (column) receives 1/K of the mass, every point (row) sends 1/N of it
+    steps = [(-2, log_k), (-1, log_n)] if order == "rows_last" else [(-1, log_n), (-2, log_k)]
     for _ in range(iterations):
-        # every prototype (column) receives 1/K of the mass ...
-        log_q = log_q - torch.logsumexp(log_q, dim=-2, keepdim=True) - log_k
-        # ... and every point (row) sends 1/N of it
-        log_q = log_q - torch.logsumexp(log_q, dim=-1, keepdim=True) - log_n
+        for dim, log_size in steps:
+            log_q = log_q - torch.logsumexp(log_q, dim=dim, keepdim=True) - log_size
     if iterations == 0:
         log_q = log_q - torch.logsumexp(log_q, dim=-1, keepdim=True) - log_n
     return log_q
@@ -86,20 +107,25 @@ def _direct_is_safe(scores: torch.Tensor, epsilon: float) -> bool:
     return math.isfinite(span) and span <= _MAX_SPAN
 
 
-def gibbs_scalings(kernel: torch.Tensor, iterations: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scalings (u, v) of a positive Gibbs kernel (..., N, K): plan = u K v, SwAV's order.
+def gibbs_scalings(
+    kernel: torch.Tensor, iterations: int = 3, order: SinkhornOrder = "rows_last"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalings (u, v) of a positive Gibbs kernel (..., N, K): plan = u K v.
 
-    The same iteration as `sinkhorn_log`, kept as two scaling vectors, so each step is two
-    matrix-vector products instead of two passes of sums and divisions over the matrix.
-    The kernel may carry any positive constant factor (it cancels in the first step).
+    The same iteration as `sinkhorn_log` (in `order`), kept as two scaling vectors, so each
+    step is two matrix-vector products instead of two passes of sums and divisions over the
+    matrix. The kernel may carry any positive constant factor (it cancels in the first step).
     """
     n, k = kernel.shape[-2], kernel.shape[-1]
     total = kernel.sum(dim=(-2, -1))
     u = (1.0 / total).unsqueeze(-1).expand(*kernel.shape[:-1]).contiguous()  # Q = K / total
     v = torch.ones(*kernel.shape[:-2], k, dtype=kernel.dtype, device=kernel.device)
     for _ in range(iterations):
+        if order == "columns_last":
+            u = 1.0 / (n * _matvec(kernel, v))  # rows sum to 1/N
         v = 1.0 / (k * _matvec(kernel.transpose(-2, -1), u))  # columns sum to 1/K
-        u = 1.0 / (n * _matvec(kernel, v))  # rows sum to 1/N
+        if order == "rows_last":
+            u = 1.0 / (n * _matvec(kernel, v))  # rows sum to 1/N
     if iterations == 0:
         u = 1.0 / (n * _matvec(kernel, v))
     return u, v
@@ -114,7 +140,10 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 
 
 def sinkhorn_scalings(
-    scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3
+    scores: torch.Tensor,
+    epsilon: float = 0.05,
+    iterations: int = 3,
+    order: SinkhornOrder = "rows_last",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The direct form as (kernel, u, v): plan = u[..., :, None] * kernel * v[..., None, :].
 
@@ -122,7 +151,7 @@ def sinkhorn_scalings(
     (u * kernel) never forms the plan. Only valid where `_direct_is_safe`.
     """
     kernel = torch.exp((scores.float() - scores.amax(dim=(-2, -1), keepdim=True).float()) / epsilon)
-    u, v = gibbs_scalings(kernel, iterations)
+    u, v = gibbs_scalings(kernel, iterations, order)
     return kernel, u, v
 
 
@@ -162,18 +191,20 @@ def sinkhorn(
     iterations: int = 3,
     *,
     log_domain: bool | None = None,
+    order: SinkhornOrder = "rows_last",
 ) -> torch.Tensor:
     """The entropic transport plan (..., N, K) for `scores`; see `sinkhorn_log`.
 
-    Marginals: rows sum to 1/N, columns to 1/K (approximately after few iterations).
+    Marginals: rows sum to 1/N, columns to 1/K (the side `order` normalises last exactly, the
+    other approximately after few iterations).
     `log_domain=None` picks the direct form when `_direct_is_safe`, else the log domain;
     True / False force one (False on unsafe input is refused, not silently wrong).
     """
-    _check_arguments(scores, epsilon, iterations)
+    _check_arguments(scores, epsilon, iterations, order)
     safe = _direct_is_safe(scores, epsilon)
     if log_domain is False and not safe:
         raise ValueError("sinkhorn: the direct form is not safe for these scores and epsilon")
     if log_domain or not safe:
-        return sinkhorn_log(scores, epsilon, iterations).exp()
-    kernel, u, v = sinkhorn_scalings(scores, epsilon, iterations)
+        return sinkhorn_log(scores, epsilon, iterations, order).exp()
+    kernel, u, v = sinkhorn_scalings(scores, epsilon, iterations, order)
     return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)

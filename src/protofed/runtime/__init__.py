@@ -13,12 +13,11 @@ engine.py    simulate / start / resume: the built-in engine and its run director
 from protofed.runtime.engine import resume, simulate, start
 from protofed.runtime.local import InProcessTransport, fit_client, run_fit
 from protofed.runtime.loop import Diverged, Evaluation, RoundLoop, Transport
-from protofed.runtime.prepare import POOLED, Prepared, build_model_and_algorithm, prepare
+from protofed.runtime.prepare import Prepared, build_model_and_algorithm, prepare
 from protofed.runtime.scoring import ServerSideEvaluation
 from protofed.runtime.summary import Progress
 
 __all__ = [
-    "POOLED",
     "Diverged",
     "Evaluation",
     "InProcessTransport",

@@ -10,7 +10,7 @@ from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, RunDir
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
-from protofed.runtime.local import InProcessTransport
+from protofed.runtime.local import InProcessTransport, PooledTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root
@@ -21,9 +21,12 @@ def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
     """A round loop that trains every client in this process (`train.workers` processes;
     unset, one per usable core: `resolve_workers`)."""
     train = prepared.cfg.train
-    clients = 1 if prepared.pooled is not None else len(prepared.fed.clients)
-    workers = resolve_workers(train, clients_per_round(train, clients))
-    transport = InProcessTransport(prepared, workers)
+    transport: InProcessTransport
+    if prepared.algorithm.pools_data:
+        transport = PooledTransport(prepared)
+    else:
+        workers = resolve_workers(train, clients_per_round(train, len(prepared.fed.clients)))
+        transport = InProcessTransport(prepared, workers)
     return RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport), run_dir)
 
 

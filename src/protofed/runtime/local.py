@@ -18,7 +18,16 @@ import torch
 from protofed.algorithms import Algorithm
 from protofed.config import ExperimentConfig
 from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
-from protofed.core.types import Arrays, FitResult, Records, Reply, check_result, clone, nbytes
+from protofed.core.types import (
+    Arrays,
+    Delivery,
+    FitResult,
+    Records,
+    Reply,
+    check_result,
+    clone,
+    nbytes,
+)
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
 from protofed.runtime.parallel import WorkerPool
@@ -69,14 +78,21 @@ def fit_client(
 
 
 def fit_and_count(
-    prepared: Prepared, server: Records, client: int, server_round: int, state: Records
+    prepared: Prepared,
+    server: Records,
+    client: int,
+    server_round: int,
+    state: Records,
+    data: ClientData | None = None,
 ) -> tuple[FitResult, int, Arrays | None]:
     """`fit_client`, the bytes of the message the client was sent, and the model it holds
     after training where the run keeps it (else None). Built here, where the message is
-    (in a worker too: its tensors shared with the reply and the state come back once)."""
+    (in a worker too: its tensors shared with the reply and the state come back once).
+    `data`: what the client trains on (default: its own split of the round)."""
     algorithm = prepared.algorithm
     message = algorithm.configure(server, client, server_round)
-    data = prepared.client_data(client, server_round)
+    if data is None:
+        data = prepared.client_data(client, server_round)
     result = run_fit(
         algorithm, prepared.model, prepared.cfg, data, message, client, server_round, state
     )
@@ -94,17 +110,15 @@ class InProcessTransport:
         self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
         # client id -> its model right after its last `fit` (eval.client_model=trained)
         self.trained: dict[int, Arrays] | None = {} if keeps_trained(prepared.cfg) else None
-        parallel = workers > 1 and prepared.pooled is None and prepared.cfg.train.device == "cpu"
+        parallel = workers > 1 and prepared.cfg.train.device == "cpu"
         self.pool = WorkerPool(prepared, workers) if parallel else None
         self.workers = workers if parallel else 1  # processes training clients (1: serial)
 
     def state_of(self, client: int) -> Records:
         return self.states.get(client, {})
 
-    def fit(
-        self, server: Records, server_round: int, clients: list[int]
-    ) -> Iterator[tuple[Reply, int]]:
-        """Each sampled client's reply and the bytes sent to it, lazily, in sampling order."""
+    def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
+        """Each sampled client's reply and the bytes each way, lazily, in sampling order."""
         p = self.prepared
         tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]
         if self.pool is not None:
@@ -112,17 +126,22 @@ class InProcessTransport:
         else:
             results = (fit_and_count(p, *task) for task in tasks)
         for cid, (result, down, trained) in zip(clients, results, strict=True):
-            if result.state:
-                self.states[cid] = result.state
-            else:
-                self.states.pop(cid, None)
-            if self.trained is not None and trained is not None:
-                # from a worker, every tensor is a shared-memory segment holding a file
-                # descriptor while it lives: a private copy keeps clients x tensors
-                # descriptors from piling up (a FedAli run would pass a 1,024 limit)
-                self.trained[cid] = trained if self.pool is None else clone(trained)
+            self.keep(cid, result, trained)
             examples = len(p.client_data(cid, server_round).train_y)
-            yield Reply(cid, result.reply, result.metrics, float(examples)), down
+            reply = Reply(cid, result.reply, result.metrics, float(examples))
+            yield Delivery(reply, down, nbytes(result.reply))
+
+    def keep(self, client: int, result: FitResult, trained: Arrays | None) -> None:
+        """What the runtime keeps of a client's `fit`: its state, and its trained model."""
+        if result.state:
+            self.states[client] = result.state
+        else:
+            self.states.pop(client, None)
+        if self.trained is not None and trained is not None:
+            # from a worker, every tensor is a shared-memory segment holding a file
+            # descriptor while it lives: a private copy keeps clients x tensors
+            # descriptors from piling up (a FedAli run would pass a 1,024 limit)
+            self.trained[client] = trained if self.pool is None else clone(trained)
 
     def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]:
         """Client i's personalized weights after `server_round`, built here from its state
@@ -142,3 +161,28 @@ class InProcessTransport:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+
+
+POOL = -1
+"""The pooled client's id in its replies and state: outside every client population."""
+
+
+class PooledTransport(InProcessTransport):
+    """The centralized reference (`Algorithm.pools_data`): each round one client that holds
+    every client's training data trains here, whichever clients were sampled; nothing
+    crosses a network, so no bytes are counted. Clients are scored as usual, each with
+    the model the algorithm gives it."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        super().__init__(prepared, workers=1)
+        if prepared.pooled is None:
+            raise ValueError(f"'{prepared.algorithm.name}' does not pool its clients' data")
+        self.data = prepared.pooled
+
+    def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
+        """The pooled client's reply (one per round; `clients` only say the round happens)."""
+        p, state = self.prepared, self.state_of(POOL)
+        result, _, trained = fit_and_count(p, server, POOL, server_round, state, self.data)
+        self.keep(POOL, result, trained)
+        examples = float(len(self.data.train_y))
+        yield Delivery(Reply(POOL, result.reply, result.metrics, examples), 0, 0)

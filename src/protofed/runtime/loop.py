@@ -22,11 +22,11 @@ import torch
 
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
 from protofed.core.seeding import sample_clients
-from protofed.core.types import Arrays, Records, Reply, check_result, nbytes
+from protofed.core.types import Arrays, Delivery, Records, Reply, check_result
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
 from protofed.runtime.keep import keep, keeps
-from protofed.runtime.prepare import POOLED, Prepared, clients_per_round
+from protofed.runtime.prepare import Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
 from protofed.runtime.summary import Progress, build_summary, chance_warnings
 
@@ -69,10 +69,8 @@ class Transport(Protocol):
         checkpointed beside the states), or None (not kept, or kept on the clients)."""
         ...
 
-    def fit(
-        self, server: Records, server_round: int, clients: list[int]
-    ) -> Iterator[tuple[Reply, int]]:
-        """Each client's reply and the bytes sent to it, lazily; rejected replies left out."""
+    def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
+        """Each client's reply with the bytes each way, lazily; rejected replies left out."""
         ...
 
     def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]: ...
@@ -171,8 +169,6 @@ class RoundLoop:
 
     # one round --------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
-        if self.prepared.pooled is not None:
-            return [POOLED]
         picked = sample_clients(self.cfg.seed, server_round, self.num_clients, self.per_round())
         return [self.population[i] for i in picked]
 
@@ -187,10 +183,9 @@ class RoundLoop:
             """The replies as the aggregation consumes them; the time to get each is training."""
             t0 = time.perf_counter()
             accepted = 0
-            for reply, down in self.transport.fit(self.server, server_round, clients):
-                if reply.client != POOLED:  # the pooled reference client sends nothing
-                    self.progress.down_bytes += down
-                    self.progress.up_bytes += nbytes(reply.records)
+            for reply, down, up in self.transport.fit(self.server, server_round, clients):
+                self.progress.down_bytes += down
+                self.progress.up_bytes += up
                 self.progress.client_updates += 1
                 timer["train"] += time.perf_counter() - t0
                 bad = nonfinite(reply.records)

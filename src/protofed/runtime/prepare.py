@@ -27,9 +27,6 @@ from protofed.models.base import FedModel
 from protofed.runtime.dynamic import DynamicClasses, client_data
 from protofed.training.pretrain import load_init
 
-POOLED = -1
-"""The client id of the pooled reference client (`centralized`): all clients' data in one."""
-
 
 def resolve_device(name: str) -> torch.device:
     """`train.device` as a torch device, checked against what this machine has."""
@@ -53,14 +50,11 @@ class Prepared:
     model: FedModel
     algorithm: Algorithm
     dynamic: DynamicClasses | None = None  # data.dynamic: the per-round views of client data
-    pooled: ClientData | None = None  # every client's data as one (algorithms that pool data)
+    pooled: ClientData | None = None  # every client's training data as one (`pools_data`)
     data_files: tuple[Path, ...] = ()  # the files the loader read (hashed in provenance.json)
 
     def client_data(self, client: int, server_round: int) -> ClientData:
-        """The data `client` trains on in `server_round` (the pooled data for POOLED)."""
-        if client == POOLED:
-            assert self.pooled is not None, "no pooled data: the algorithm does not pool"
-            return self.pooled
+        """The data `client` trains on in `server_round`."""
         return client_data(self.fed, self.dynamic, client, server_round)
 
 

@@ -2,7 +2,7 @@
 
 The round loop asks an evaluation mode for a round's scores. This one holds every client's
 splits (`protofed.evaluation.Evaluator`), so it reports personalization, generalization and
-the global score; a deployment scores on the clients instead (`protofed.flower.engine`).
+the global score; a deployment scores on the clients instead (`protofed.flower.deployment`).
 With `data.dynamic`, a round is scored on the clients' views of that round's data.
 """
 

@@ -32,7 +32,7 @@ def model_weights(model: FedModel) -> Arrays:
 
 @dataclass
 class Client:
-    """One client in one round, as the algorithm's `fit` sees it (`core.types.Client`).
+    """One client in one round, as the algorithm's `fit` sees it.
 
     `model` is a workspace shared by all clients of a worker: `fit` loads the weights it needs
     into it, so nothing of another client survives in it. `generator` is seeded from
@@ -63,7 +63,7 @@ class Client:
         *,
         epochs: int | None = None,
         loss_fn: LossFn = cross_entropy,
-        parameters: Iterable[torch.nn.Parameter] | None = None,
+        parameters: Iterable[torch.Tensor] | None = None,
         lr: float | None = None,
         after_step: Callable[[], None] | None = None,
     ) -> Metrics:

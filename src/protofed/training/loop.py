@@ -35,7 +35,7 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], train: TrainConfig, lr: float | None = None
+    params: Iterable[torch.Tensor], train: TrainConfig, lr: float | None = None
 ) -> torch.optim.Optimizer:
     """torch's optimizer for `train`, on its fused kernel where torch has one for the params.
 
@@ -69,7 +69,7 @@ def plain_sgd(train: TrainConfig) -> bool:
     return train.optimizer == "sgd" and train.momentum == 0 and train.weight_decay == 0
 
 
-def _fusable(params: list[torch.nn.Parameter]) -> bool:
+def _fusable(params: list[torch.Tensor]) -> bool:
     """Whether torch's fused optimizer kernels take these parameters (floating, CPU or CUDA)."""
     devices = {p.device.type for p in params}
     return (
@@ -112,7 +112,7 @@ def train_epochs(
     *,
     epochs: int | None = None,
     loss_fn: LossFn = cross_entropy,
-    parameters: Iterable[torch.nn.Parameter] | None = None,
+    parameters: Iterable[torch.Tensor] | None = None,
     lr: float | None = None,
     after_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
@@ -169,7 +169,7 @@ def _fused_layers(
     x: torch.Tensor,
     train: TrainConfig,
     loss_fn: LossFn,
-    parameters: Iterable[torch.nn.Parameter] | None,
+    parameters: Iterable[torch.Tensor] | None,
     after_step: Callable[[], None] | None,
 ) -> list[nn.Module] | None:
     """The model's layers if the step can run without autograd (see training/fused.py)."""

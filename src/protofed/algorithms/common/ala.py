@@ -27,8 +27,9 @@ from torch import nn
 
 from protofed.algorithms.base import Algorithm, Hyperparams, Setting, with_model
 from protofed.algorithms.common.split import is_head
-from protofed.core.types import MODEL, Arrays, Client, FitResult, Metrics, Records
+from protofed.core.types import MODEL, Arrays, FitResult, Metrics, Records
 from protofed.errors import ConfigError
+from protofed.training.client import Client
 from protofed.training.loop import batches
 
 if TYPE_CHECKING:
@@ -269,7 +270,7 @@ def train_weights(
     are touched during training; everything is overwritten by the caller's next `load`. One
     epoch, or in the start phase epochs until the losses settle or `max_start_epochs`.
     """
-    model = cast("FedModel", client.model)
+    model = client.model
     client.load(model_arrays)
     mix = _Interpolation.of(model, global_, local, weights)
     inputs, targets = _training_subset(client, settings.s)
@@ -318,7 +319,7 @@ def adapt(
     training data), W is not trained and the start phase waits (the official code skips ALA
     while local and global are equal).
     """
-    names = ala_parameters(cast("FedModel", client.model), global_, local, settings.p)
+    names = ala_parameters(client.model, global_, local, settings.p)
     if weights.keys() != set(names):  # first ALA round (or a different p): W = 1
         weights = {}
     if client.num_examples == 0 or all(torch.equal(local[n], global_[n]) for n in names):

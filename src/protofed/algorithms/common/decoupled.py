@@ -21,8 +21,9 @@ from pydantic import Field
 from protofed.algorithms.base import Hyperparams, Setting
 from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
 from protofed.algorithms.common.split import body_parameters, head_parameters, split_arrays
-from protofed.core.types import MODEL, Arrays, Client, Metrics, Records
+from protofed.core.types import MODEL, Arrays, Metrics, Records
 from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
+from protofed.training.client import Client
 
 
 class DecoupledParams(Hyperparams):
