@@ -69,13 +69,13 @@ def test_raw_csv_on_mixed_scales_trains_like_its_standardised_copy(tmp_path):
     reference = _run_wine(_wine_csv(tmp_path, standardized=True))
     off = _run_wine(raw, "data.standardize=false")
     acc = {
-        name: s["final"]["personalization"]["acc"]
+        name: s.final.personalization.acc
         for name, s in (("default", default), ("reference", reference), ("off", off))
     }
     assert acc["default"] >= acc["reference"] - 0.03 and acc["default"] > 0.9, acc
     assert acc["off"] < 0.6, acc  # proline (~1000) swamps the other features
-    assert "warnings" not in default
-    assert any("never beat chance" in w for w in off.get("warnings", [])), off.get("warnings")
+    assert not default.warnings
+    assert any("never beat chance" in w for w in off.warnings), off.warnings
 
 
 def test_standardisation_uses_training_rows_only(tmp_path):
