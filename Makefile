@@ -1,4 +1,5 @@
-# The two commands: `make run` (default experiment, no download) and `make test` (whole suite).
+# The two commands: `make run` (default experiment, no download) and `make test` (lint: ruff,
+# import layers, mypy over src/ at pyproject's [tool.mypy] strictness; then the whole suite).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,6 +28,7 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks experiments
 	$(BIN)/ruff format --check src tests benchmarks experiments
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
