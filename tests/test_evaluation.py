@@ -205,7 +205,7 @@ def test_a_sample_of_the_whole_union_gives_the_whole_union_scores(digits_clients
     fed, model, weights = _two_client_setup(digits_clients)
     reference = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
     union = sum(len(c.test_y) for c in fed.clients)
-    assert reference.samples == SampleSizes(union, union)
+    assert reference.samples == SampleSizes(test=union, generalization=union)
     for setting in (0, union, union + 5):
         got = Evaluator(fed, model, generalization_samples=setting, seed=3).evaluate(
             weights.__getitem__, weights[0]
@@ -222,7 +222,7 @@ def test_a_sample_changes_generalization_only(digits_clients):
     whole = Evaluator(fed, model).evaluate(weights.__getitem__, weights[0])
     first = Evaluator(fed, model, generalization_samples=40, seed=3)
     sampled = first.evaluate(weights.__getitem__, weights[0])
-    assert sampled.samples == SampleSizes(whole.samples.test, 40)
+    assert sampled.samples == SampleSizes(test=whole.samples.test, generalization=40)
     for key in ("personalization", "val", "global_"):
         assert getattr(sampled, key) == getattr(whole, key), key
     for key in ("pers_acc", "pers_f1", "val_acc", "val_f1"):
@@ -414,3 +414,41 @@ def test_stacking_is_off_by_default_and_for_batch_dependent_models():
     alp = {"enabled": True, "prototypes": [4] * 6, "inference": "batch"}
     hart = build_model(ModelConfig(name="hart", alp=alp), (2, 32), 10)
     assert Evaluator(fed, hart, stacked_models=8).stacked_models == 1
+
+
+def test_a_batch_dependent_clients_personalization_does_not_depend_on_the_other_clients():
+    """FedAli's ALP layers balance Sinkhorn over the batch: a client's own test and
+    validation splits are predicted alone, `batch_size` at a time, so adding clients to the
+    federation leaves its personalization and validation scores as they were, even where
+    every client holds the same model (which predicts the union for generalization)."""
+    import dataclasses
+
+    import torch
+
+    from protofed.config import ModelConfig
+    from protofed.evaluation import Evaluator
+    from protofed.models import build_model
+
+    fed = _digits_federation((2, 32), clients=4)
+    torch.manual_seed(0)
+    alp = {"enabled": True, "prototypes": [16] * 6}
+    model = build_model(ModelConfig(name="hart", alp=alp), (2, 32), 10).eval()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    for name in weights:
+        if name.endswith(".beta"):  # tokens replaced by their prototypes: labels move
+            weights[name].fill_(1.0)
+    model.load_state_dict(weights)
+    # the setting is batch-sensitive: client 1's windows in the union's batches of 10 (which
+    # straddle clients 0 and 1) come out otherwise than in batches of its own
+    evaluator = Evaluator(fed, model, batch_size=10)
+    lo, hi = evaluator.test.bounds[1]
+    with torch.no_grad():
+        union = torch.cat([model(x) for x in evaluator.test.x.split(10)])[lo:hi]
+        alone = torch.cat([model(x) for x in evaluator.test.x[lo:hi].split(10)])
+    assert not torch.allclose(union, alone)
+    for client in (0, 1):
+        own = dataclasses.replace(fed, clients=[fed.clients[client]])
+        few = Evaluator(own, model, batch_size=10).evaluate(lambda i: weights, weights)
+        many = evaluator.evaluate(lambda i: weights, weights)
+        for scores in ("pers_acc", "pers_f1", "val_acc", "val_f1"):
+            assert getattr(few.clients, scores)[0] == getattr(many.clients, scores)[client]

@@ -25,6 +25,14 @@ one GPU work (docs/speed.md, benchmarks/stacked_evaluation.py).
 `eval.generalization_samples` scores it on a fixed class-stratified sample of the union
 instead (drawn once from the run's seed), by default of at most `GENERALIZATION_CAP` samples.
 Personalization and the global score always use the whole splits.
+
+Batch-dependent models (`FedModel.batch_dependent`: FedAli's ALP layers balance Sinkhorn over
+the batch) predict each client's test and validation splits alone, in batches of
+`batch_size` from the split's start, never in a batch shared with another client, so a
+client's personalization does not depend on who else is in the federation (the official
+FedAli code predicts each client's test split alone). Generalization and the global score
+predict the union (or the sample) in its fixed order, clients concatenated by index, in
+batches of `batch_size`: there a batch holds several clients' windows.
 """
 
 from __future__ import annotations
@@ -146,7 +154,7 @@ def summarize(accs: ArrayLike, f1s: ArrayLike) -> Scores:
     data; every score None when no client has any)."""
     a, f = np.asarray(accs, dtype=float), np.asarray(f1s, dtype=float)
     if np.all(np.isnan(a)):
-        return Scores(None, None, None, None)
+        return Scores.absent()
     return Scores(
         acc=finite(np.nanmean(a)),
         f1=finite(np.nanmean(f)),
@@ -282,6 +290,8 @@ class Evaluator:
         )
         self.share_bodies = plain
         self.stacked_models = (stacked_models or 1) if plain else 1
+        # batch-dependent models: each client's own splits are predicted alone (`_needs`)
+        self.own_splits = isinstance(model, FedModel) and model.batch_dependent
         self._embedded: dict[tuple, torch.Tensor] = {}
         union = len(self.test.y)
         self.gen_size = generalization_size(generalization_samples, union)
@@ -387,7 +397,11 @@ class Evaluator:
         """What client i's model predicts: the test union where several clients share the
         model or generalization is scored on the whole union, else its own test split (and
         the generalization sample, if any); the validation union where several clients share
-        the model, else its own validation split (validation has no generalization score)."""
+        the model, else its own validation split (validation has no generalization score).
+        A batch-dependent model: its own splits always, plus the union or the sample for
+        generalization (`_own_needs`)."""
+        if self.own_splits:
+            return self._own_needs(i)
         lo, hi = self.test.bounds[i]
         vlo, vhi = self.val.bounds[i]
         whole = self.generalization and self.gen_index is None
@@ -398,6 +412,18 @@ class Evaluator:
             specs.append(("val", vlo, vhi))
         if not (whole or several) and self.gen_x is not None:
             specs.append(("gen", 0, None))
+        return specs
+
+    def _own_needs(self, i: int) -> list[Spec]:
+        """What client i's batch-dependent model predicts: its own test and validation splits,
+        each alone, and the test union (or the sample) only for generalization."""
+        lo, hi = self.test.bounds[i]
+        vlo, vhi = self.val.bounds[i]
+        specs: list[Spec] = [("test", lo, hi)]
+        if vhi > vlo:
+            specs.append(("val", vlo, vhi))
+        if self.generalization:
+            specs.append(("test", 0, None) if self.gen_index is None else ("gen", 0, None))
         return specs
 
     def evaluate(
@@ -493,8 +519,9 @@ class Evaluator:
         vlo, vhi = self.val.bounds[i]
         for spec in specs:
             pred, split, b = known[spec], spec[0], spec[2]
-            if split == "test" and b is None:  # the union: this client's slice, and
-                out.test[lo:hi] = pred[lo:hi]  # generalization (on the sample)
+            if split == "test" and b is None:  # the union: this client's slice (unless
+                if ("test", lo, hi) not in specs:  # predicted alone), and generalization
+                    out.test[lo:hi] = pred[lo:hi]
                 if ("gen_scores",) not in known:
                     on_sample = pred if self.gen_index is None else pred[self.gen_index]
                     known[("gen_scores",)] = self._gen_scores(on_sample)
@@ -537,7 +564,9 @@ class Evaluator:
             val=summarize(val_acc, val_f1),
             global_=global_scores,
             clients=clients,
-            samples=SampleSizes(len(self.test.y), self.gen_size if gen else None),
+            samples=SampleSizes(
+                test=len(self.test.y), generalization=self.gen_size if gen else None
+            ),
         )
 
 

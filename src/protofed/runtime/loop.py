@@ -243,7 +243,7 @@ class RoundLoop:
 
     def record(self, server_round: int, info: RoundInfo, scores: RoundScores) -> RoundRecord:
         """The round's line of metrics.jsonl (the same in memory and on disk)."""
-        traffic = Traffic(self.progress.up_bytes, self.progress.down_bytes)
+        traffic = Traffic(up_bytes=self.progress.up_bytes, down_bytes=self.progress.down_bytes)
         return RoundRecord.of(info, scores, server_round, traffic)
 
     # the loop ---------------------------------------------------------------------------
