@@ -18,7 +18,6 @@ sample).
 from __future__ import annotations
 
 import math
-
 from typing import Literal
 
 import torch
