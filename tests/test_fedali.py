@@ -269,6 +269,7 @@ def test_paper_default_prototype_counts() -> None:
         "first_round_beta": 0.0,
         "gamma": 0.999,
         "kmeans_iters": 300,
+        "local_banks": "keep",
         "kmeans_backend": "torch",
     }
 
@@ -440,3 +441,138 @@ def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
     assert comm.down_bytes_per_round - comm.up_bytes_per_round == 4 * 12 * 4
     protos = sum(g * 192 * 4 for g in [16, 16, 8, 8, 4, 4])
     assert comm.up_bytes_per_round > 4 * protos
+
+
+# the official trainer's defaults ------------------------------------------------------------
+def _starting_weights(client: Client) -> dict[str, torch.Tensor]:
+    """Capture the weights a client holds when its local training starts."""
+    seen: dict[str, torch.Tensor] = {}
+    train = client.train_model
+
+    def capture():
+        seen.update({k: v.clone() for k, v in client.weights().items()})
+        return train()
+
+    client.train_model = capture  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("rule", ["reset", "keep"])
+def test_reset_starts_every_round_from_the_received_global_banks(rule: str) -> None:
+    """`local_banks=reset` (the official usePersonalPrototype = False): round 1 from the
+    server's initial local banks, every later round with local = the global banks received,
+    whatever the client trained before; `keep` from the client's own trained banks."""
+    model = _model()
+    algo = build_algorithm("fedali", {"local_banks": rule, "kmeans_iters": 2}, _setting(model))
+    server = algo.init_server()
+    assert set(server) == {"model", GLOBAL_BANKS} | ({LOCAL_BANKS} if rule == "reset" else set())
+    init, first = algo.setting.init_model, algo.configure(server, 0, 1)
+    start = _starting_weights(client := _client(model, 0))
+    results = [algo.fit(client, first, {}), algo.fit(_client(model, 1), first, {})]
+    assert all(torch.equal(start[n], init[n]) for n in algo.local_names)
+    replies = iter([Reply(c, r.reply, {}, 10.0) for c, r in enumerate(results)])
+    new = algo.aggregate(server, replies, 1).server
+    assert set(new) == set(server)
+    second = algo.configure(new, 0, 2)
+    assert set(second) == {"model", GLOBAL_BANKS, SCALARS}  # initial local banks: round 1 only
+    start = _starting_weights(client := _client(model, 0, 2))
+    kept = results[0].state[LOCAL_BANKS]
+    trained = algo.fit(client, second, results[0].state)
+    for local, glob in zip(algo.local_names, algo.global_names, strict=True):
+        want = second[GLOBAL_BANKS][glob] if rule == "reset" else kept[local]
+        assert torch.equal(start[local], want)
+        assert torch.equal(algo.client_model(second, results[0].state)[local], want)
+        # scored right after training: the banks training left, under either rule
+        after = algo.trained_model(second, trained)[local]
+        assert torch.equal(after, trained.state[LOCAL_BANKS][local])
+        assert not torch.equal(after, want)
+
+
+def test_single_update_moves_only_each_tokens_argmax_prototype() -> None:
+    """`update="single"` (the official layer's default from scratch): the local prototypes
+    that some token picked (argmax of its row of the local plan) move, each to gamma P +
+    (1 - gamma) x of the last token that picked it; no other prototype moves."""
+    g = 40  # more prototypes than the 20 tokens: some are nobody's
+    layer = _layer(g, update="single").train()
+    x = _tokens()
+    flat = x.reshape(-1, D)
+    before = layer.local_prototypes.clone()
+    banks = torch.cat([layer.local_prototypes, layer.global_prototypes])
+    picked = layer.plan(flat, banks)[:, :g].argmax(1)
+    layer(x)
+    moved = (layer.local_prototypes != before).any(1).nonzero().flatten()
+    assert set(moved.tolist()) == set(picked.tolist())
+    assert len(moved) <= len(flat)  # one prototype per token at most
+    gamma = float(layer.gamma)
+    for j in moved.tolist():
+        last = int((picked == j).nonzero().max())
+        want = gamma * before[j] + (1 - gamma) * flat[last]
+        assert torch.allclose(layer.local_prototypes[j], want, atol=1e-6)
+    topk = _layer(g).train()
+    topk(x)
+    assert (topk.local_prototypes != before).any(1).all()  # the paper's rule moves every one
+
+
+def test_normalize_only_layers_have_no_prototypes_and_normalise_each_token() -> None:
+    """`model.alp.normalize_only=true`: FedAvg's control with the ALP layers' L2
+    normalisation alone; the plain backbone's weights, no banks, not batch-dependent."""
+    alp = {"enabled": True, "normalize_only": True}
+    model = build_model(ModelConfig(name="hart", alp=alp), (6, 128), 6)
+    plain = build_model(ModelConfig(name="hart"), (6, 128), 6)
+    assert not alp_layers(model) and not model.batch_dependent
+    assert set(model.state_dict()) == set(plain.state_dict())
+    layer = model.features.blocks[0].alp
+    tokens = torch.randn(2, 8, 192) * 3
+    assert torch.allclose(layer(tokens), F.normalize(tokens, dim=-1))
+    assert torch.allclose(layer(tokens).norm(dim=-1), torch.ones(2, 8), atol=1e-6)
+    with pytest.raises(ConfigError, match="model.alp.enabled"):
+        build_algorithm("fedali", {}, _setting(model))
+
+
+def test_hart_options_build_the_official_attention_and_keep_the_defaults() -> None:
+    torch.manual_seed(0)
+    default = build_model(ModelConfig(name="hart"), (6, 128), 6)
+    attn = default.features.blocks[0].attn_acc
+    assert attn.qkv.weight.shape == (3 * 48, 48) and attn.dropout == 0.0  # 3 heads x 16
+    official = {
+        "head_dim": 48,
+        "attention_dropout": 0.3,
+        "mlp_dropout": 0.3,
+        "mlp_activation": "swish",
+        "embedding_activation": "swish",
+    }
+    model = build_model(ModelConfig(name="hart", hart=official), (6, 128), 6)
+    block = model.features.blocks[0]
+    assert block.attn_acc.qkv.weight.shape == (3 * 144, 48)  # 3 heads x 48
+    assert block.attn_gyro.out.weight.shape == (48, 144) and block.attn_acc.dropout == 0.3
+    assert isinstance(block.mlp[1], torch.nn.SiLU)
+    assert block.mlp[2].p == 0.3 and block.mlp[4].p == 0.0  # after the hidden layer only
+    assert isinstance(model.features.embed_activation, torch.nn.SiLU)
+    assert set(model.state_dict()) == set(default.state_dict())
+    assert model.eval()(torch.randn(3, 6, 128)).shape == (3, 6)
+
+
+def test_the_official_preset_runs_one_round_on_real_data(shared_data, tmp_path) -> None:
+    """configs/fedali_official.yaml through the CLI for one round, on real UCI-HAR windows
+    of 4 subjects (every sixth) and small banks, one local epoch: seconds."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from protofed.cli import app
+
+    path = uci_har_slice(tmp_path / "uci_har_4.npz", [1, 3, 5, 6], every=6)
+    preset = Path(__file__).resolve().parents[1] / "configs" / "fedali_official.yaml"
+    small = ["data.name=arrays", f"data.path={path}", "model.alp.prototypes=[16,16,8,8,4,4]"]
+    small += ["train.rounds=1", "train.local_epochs=1", "train.workers=1", "train.threads=1"]
+    small += ["eval.every=1"]
+    out = tmp_path / "run"
+    args = ["run", str(preset), "--out", str(out), "-q"]
+    result = CliRunner().invoke(app, [*args, *[a for s in small for a in ("-s", s)]])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 1
+    assert summary["final"]["personalization"]["acc"] is not None
+    config = (out / "config.yaml").read_text()
+    assert "local_banks: reset" in config and "update: single" in config

@@ -22,7 +22,8 @@ from protofed.training.client import Client
 
 # records besides "model" (the weights without the ALP layers' banks and scalars)
 GLOBAL_BANKS = "global"  # server state and message: every ALP layer's global prototypes
-LOCAL_BANKS = "local"  # reply and client state: the client's local prototypes
+LOCAL_BANKS = "local"  # reply and client state: the client's local prototypes; with
+# local_banks=reset also the server's (and round 1's message): the model's initial local banks
 SCALARS = "scalars"  # message: the round's beta and gamma, one scalar buffer per layer
 
 
@@ -34,6 +35,12 @@ class FedAliParams(Hyperparams):
     gamma: float = Field(0.999, ge=0, le=1, description="EMA rate of the local prototypes.")
     kmeans_iters: int = Field(
         300, ge=1, description="Server K-means iterations per ALP layer (scikit-learn's default)."
+    )
+    local_banks: Literal["keep", "reset"] = Field(
+        "keep",
+        description="A client's local prototypes at the start of a round: its own from its "
+        "last round ('keep', the paper's text) or the global ones it receives ('reset': the "
+        "official trainer, usePersonalPrototype = False).",
     )
     kmeans_backend: Literal["torch", "sklearn"] = Field(
         "torch",
@@ -75,11 +82,31 @@ class FedAli(Algorithm):
         return {n: self.setting.init_model[n].clone() for n in self.local_names}
 
     def init_server(self) -> Records:
+        """The initial weights and global banks; with `local_banks=reset` also the initial
+        local banks, which round 1 starts from (the official server model holds both banks,
+        and writes the K-means centroids into both after every round)."""
         init = self.setting.init_model
-        return {
+        server = {
             MODEL: {n: init[n] for n in self.weight_names},
             GLOBAL_BANKS: {n: init[n] for n in self.global_names},
         }
+        if self.params.local_banks == "reset":
+            server[LOCAL_BANKS] = {n: init[n] for n in self.local_names}
+        return server
+
+    def start_banks(self, message: Records, state: Records) -> Arrays:
+        """The local banks a client starts the round with: with `keep`, its own (the seeded
+        initial bank before its first round); with `reset`, the server's local banks in the
+        message (round 1: the initial ones), else the global banks it received."""
+        if self.params.local_banks == "keep":
+            return state[LOCAL_BANKS] if state else self.initial_local()
+        if LOCAL_BANKS in message:
+            return message[LOCAL_BANKS]
+        return self._as_local(message[GLOBAL_BANKS])
+
+    def _as_local(self, glob: Arrays) -> Arrays:
+        """Global banks under the local banks' names."""
+        return {loc: glob[g] for loc, g in zip(self.local_names, self.global_names, strict=True)}
 
     def scalars(self, server_round: int) -> Arrays:
         beta = self.params.first_round_beta if server_round <= 1 else self.params.beta
@@ -87,13 +114,18 @@ class FedAli(Algorithm):
         return {n: torch.tensor(values[n.rsplit(".", 1)[1]]) for n in self.scalar_names}
 
     def configure(self, server: Records, client: int, server_round: int) -> Records:
-        return {**server, SCALARS: self.scalars(server_round)}
+        """The server's state and the round's scalars; with `local_banks=reset` the server's
+        local banks go down in round 1 only (later they equal the global ones)."""
+        message = {**server, SCALARS: self.scalars(server_round)}
+        if server_round > 1:
+            message.pop(LOCAL_BANKS, None)
+        return message
 
     # client -----------------------------------------------------------------------------
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         for record in message.values():
             client.load(record)
-        client.load(state[LOCAL_BANKS] if state else self.initial_local())
+        client.load(self.start_banks(message, state))
         metrics = client.train_model()
         trained = client.weights()
         local = {n: trained[n] for n in self.local_names}
@@ -125,14 +157,21 @@ class FedAli(Algorithm):
                 guess=torch.arange(g).repeat(clients),  # a prototype starts in its slot's cluster
             )
             new[glob] = centroids.to(old[glob].device, old[glob].dtype)
-        return AggregateResult({MODEL: mean[MODEL], GLOBAL_BANKS: new}, metrics)
+        server_state = {MODEL: mean[MODEL], GLOBAL_BANKS: new}
+        if self.params.local_banks == "reset":  # the centroids in both banks, as the official
+            server_state[LOCAL_BANKS] = self._as_local(new)
+        return AggregateResult(server_state, metrics)
 
     # evaluation -------------------------------------------------------------------------
     def client_model(self, message: Records, state: Records) -> Arrays:
-        own = state[LOCAL_BANKS] if state else self.initial_local()
+        own = self.start_banks(message, state)
         return {**message[MODEL], **message[GLOBAL_BANKS], **message[SCALARS], **own}
+
+    def trained_model(self, message: Records, result: FitResult) -> Arrays:
+        """The trained weights with the local banks training left (also with `reset`, where
+        the next round's start would be the global ones)."""
+        return {**super().trained_model(message, result), **result.state[LOCAL_BANKS]}
 
     def global_model(self, server: Records) -> Arrays | None:
         glob = server[GLOBAL_BANKS]
-        banks = {loc: glob[g] for loc, g in zip(self.local_names, self.global_names, strict=True)}
-        return {**server[MODEL], **glob, **self.scalars(2), **banks}
+        return {**server[MODEL], **glob, **self.scalars(2), **self._as_local(glob)}

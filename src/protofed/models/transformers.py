@@ -114,9 +114,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, z, _ = x.shape
-        q, k, v = (
-            self.qkv(x).reshape(b, z, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        )
+        q, k, v = self.qkv(x).reshape(b, z, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0
         )
@@ -154,10 +152,10 @@ class HartBlock(nn.Module):
         self.q = dim // 4
         self.norm1 = nn.LayerNorm(dim)
         self.alp = alp
-        attention = {"heads": 3, "dropout": cfg.attention_dropout, "head_dim": cfg.head_dim}
-        self.attn_acc = Attention(self.q, **attention)
+        drop, width = cfg.attention_dropout, cfg.head_dim
+        self.attn_acc = Attention(self.q, heads=3, dropout=drop, head_dim=width)
         self.lite = LiteConv(dim - 2 * self.q, kernel)
-        self.attn_gyro = Attention(self.q, **attention)
+        self.attn_gyro = Attention(self.q, heads=3, dropout=drop, head_dim=width)
         self.norm2 = nn.LayerNorm(dim)
         # the official MLP drops out after its hidden layer only; protofed's default none
         self.mlp = Mlp(dim, 2 * dim, cfg.mlp_dropout, cfg.mlp_activation, out_dropout=0.0)
