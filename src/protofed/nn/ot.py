@@ -7,10 +7,10 @@ total, then alternately rescale so that every prototype receives 1/K of the mass
 point sends 1/N of it. Which step comes last is `order`: "rows_last" (SwAV's code, the
 library's default: the prototype step, then the point step) or "columns_last" (the FedAli
 paper's eq. 3 read as Cuturi's u-then-v iteration, and its official code on the tokens x
-prototypes matrix: the point step, then the prototype step). `sinkhorn_log` runs in the log domain, safe for any epsilon > 0;
-`sinkhorn` takes the cheaper direct (exp-domain) form when it is provably safe (bounded
-scores, see `_direct_is_safe`; docs/speed.md) and the log domain otherwise; both give the
-same plan. Scores may carry leading batch dimensions (..., N, K): each trailing (N, K)
+prototypes matrix: the point step, then the prototype step). `sinkhorn_log` runs in the
+log domain, safe for any epsilon > 0; `sinkhorn` takes the cheaper direct (exp-domain)
+form when it is provably safe (bounded scores, see `_direct_is_safe`; docs/speed.md) and
+the log domain otherwise; both give the same plan. Scores may carry leading batch dimensions (..., N, K): each trailing (N, K)
 matrix is its own transport problem (the ALP layer's batch-independent mode solves one per
 sample).
 """
