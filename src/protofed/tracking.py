@@ -18,7 +18,6 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TextIO
 
 from protofed.core.results import RoundInfo, RoundRecord
@@ -233,10 +232,5 @@ class Tracking:
     def __enter__(self) -> Tracking:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

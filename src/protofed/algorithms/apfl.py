@@ -1,8 +1,4 @@
-"""APFL: a personal model mixed with the global one by a per-client learned alpha.
-
-Paper: Deng, Kamani & Mahdavi, Adaptive Personalized Federated Learning, arXiv 2020.
-See docs/algorithms/apfl.md.
-"""
+"""APFL: a personal model mixed with the global one by a per-client learned alpha (docs/algorithms/apfl.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Centralized training: one model on all clients' pooled data (upper reference).
-
-Paper: No paper of its own (the "centralized" rows of FedAvg, McMahan et al., AISTATS 2017).
-See docs/algorithms/centralized.md.
-"""
+"""Centralized training: one model on all clients' pooled data (upper reference) (docs/algorithms/centralized.md)."""
 
 from __future__ import annotations
 

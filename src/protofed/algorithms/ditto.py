@@ -1,8 +1,4 @@
-"""Ditto: a FedAvg global model plus per-client models pulled toward it.
-
-Paper: Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021.
-See docs/algorithms/ditto.md.
-"""
+"""Ditto: a FedAvg global model plus per-client models pulled toward it (docs/algorithms/ditto.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""FedAvg: local SGD, then the sample-weighted mean of the models.
-
-Paper: McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data,
-AISTATS 2017.
-See docs/algorithms/fedavg.md.
-"""
+"""FedAvg: local SGD, then the sample-weighted mean of the models (docs/algorithms/fedavg.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""FedBABU: train and share only the body under a fixed head; fine-tune to personalize.
-
-Paper: Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification,
-ICLR 2022.
-See docs/algorithms/fedbabu.md.
-"""
+"""FedBABU: train and share only the body under a fixed head; fine-tune to personalize (docs/algorithms/fedbabu.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""FedBN: FedAvg whose BatchNorm layers stay with each client.
-
-Paper: Li et al., FedBN: Federated Learning on Non-IID Features via Local Batch Normalization,
-ICLR 2021.
-See docs/algorithms/fedbn.md.
-"""
+"""FedBN: FedAvg whose BatchNorm layers stay with each client (docs/algorithms/fedbn.md)."""
 
 from __future__ import annotations
 

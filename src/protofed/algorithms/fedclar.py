@@ -1,9 +1,4 @@
-"""FedCLAR: FedAvg, then clusters of similar clients, per-cluster FedAvg, local fine-tuning.
-
-Paper: Presotto, Civitarese & Bettini, FedCLAR: Federated Clustering for Personalized Sensor-Based
-Human Activity Recognition, IEEE PerCom 2022.
-See docs/algorithms/fedclar.md.
-"""
+"""FedCLAR: FedAvg, then clusters of similar clients, per-cluster FedAvg, local fine-tuning (docs/algorithms/fedclar.md)."""
 
 from __future__ import annotations
 
@@ -17,18 +12,19 @@ import torch.nn.functional as F
 from pydantic import Field
 from sklearn.cluster import AgglomerativeClustering
 
-from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.split import head_names
-from protofed.core.types import (
+from protofed.algorithms.base import (
     MODEL,
     AggregateResult,
+    Algorithm,
     Arrays,
+    Client,
     FitResult,
+    Hyperparams,
     Metrics,
     Records,
     Reply,
 )
-from protofed.training.client import Client
+from protofed.algorithms.common.split import head_names
 
 ASSIGN = "assign"  # server state: {"assign": each client's group, a (num_clients,) tensor}
 PERSONAL = "personal"  # client state: the fine-tuned model

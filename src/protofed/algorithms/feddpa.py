@@ -1,10 +1,4 @@
-"""FedDPA: a global model with adaptive prototype alignment, grouped (hierarchical)
-aggregation and margin-separated global prototypes.
-
-Paper: Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning with
-Non-IID Data, Electronics 14(16) 3286, 2025.
-See docs/algorithms/feddpa.md.
-"""
+"""FedDPA: a global model with adaptive prototype alignment, grouped (hierarchical) aggregation and margin-separated global prototypes (docs/algorithms/feddpa.md)."""
 
 from __future__ import annotations
 

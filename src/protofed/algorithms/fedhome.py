@@ -1,9 +1,4 @@
-"""FedHome: FedAvg, then per-client head fine-tuning on SMOTE-balanced embeddings.
-
-Paper: Wu et al., FedHome: Cloud-Edge Based Personalized Federated Learning for In-Home Health
-Monitoring, IEEE TMC 2022.
-See docs/algorithms/fedhome.md.
-"""
+"""FedHome: FedAvg, then per-client head fine-tuning on SMOTE-balanced embeddings (docs/algorithms/fedhome.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""FedNH: a cosine head of uniformly spread class prototypes, moved by the server with
-momentum.
-
-Paper: Dai et al., Tackling Data Heterogeneity in Federated Learning with Class Prototypes,
-AAAI 2023.
-See docs/algorithms/fednh.md.
-"""
+"""FedNH: a cosine head of uniformly spread class prototypes, moved by the server with momentum (docs/algorithms/fednh.md)."""
 
 from __future__ import annotations
 

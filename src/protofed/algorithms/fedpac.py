@@ -1,9 +1,4 @@
-"""FedPAC: feature alignment to global prototypes and per-client classifier combination.
-
-Paper: Xu, Tong & Huang, Personalized Federated Learning with Feature Alignment and Classifier
-Collaboration, ICLR 2023.
-See docs/algorithms/fedpac.md.
-"""
+"""FedPAC: feature alignment to global prototypes and per-client classifier combination (docs/algorithms/fedpac.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""FedPer: federated base layers, personalized head.
-
-Paper: Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818, 2019.
-See docs/algorithms/fedper.md.
-"""
+"""FedPer: federated base layers, personalized head (docs/algorithms/fedper.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""FedProto: clients exchange class prototypes, never model weights.
-
-Paper: Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022.
-See docs/algorithms/fedproto.md.
-"""
+"""FedProto: clients exchange class prototypes, never model weights (docs/algorithms/fedproto.md)."""
 
 from __future__ import annotations
 

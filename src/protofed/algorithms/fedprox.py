@@ -1,8 +1,4 @@
-"""FedProx: FedAvg with a proximal term in the local objective.
-
-Paper: Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020.
-See docs/algorithms/fedprox.md.
-"""
+"""FedProx: FedAvg with a proximal term in the local objective (docs/algorithms/fedprox.md)."""
 
 from __future__ import annotations
 

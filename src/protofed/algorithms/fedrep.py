@@ -1,9 +1,4 @@
-"""FedRep: shared representation, local heads, trained in turn.
-
-Paper: Collins et al., Exploiting Shared Representations for Personalized Federated Learning,
-ICML 2021.
-See docs/algorithms/fedrep.md.
-"""
+"""FedRep: shared representation, local heads, trained in turn (docs/algorithms/fedrep.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""FedRoD: a generic model trained with balanced softmax plus a personal head.
-
-Paper: Chen & Chao, On Bridging Generic and Personalized Federated Learning for Image
-Classification, ICLR 2022.
-See docs/algorithms/fedrod.md.
-"""
+"""FedRoD: a generic model trained with balanced softmax plus a personal head (docs/algorithms/fedrod.md)."""
 
 from __future__ import annotations
 

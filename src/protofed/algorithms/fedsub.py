@@ -1,9 +1,4 @@
-"""FedSub: class-aware subnetworks fused per class-prototype cluster.
-
-Paper: Campana & Delmastro, FedSub: Introducing class-aware Subnetworks Fusion to Enhance
-Personalized Federated Learning in Ubiquitous Systems, 2025.
-See docs/algorithms/fedsub.md.
-"""
+"""FedSub: class-aware subnetworks fused per class-prototype cluster (docs/algorithms/fedsub.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Local training: every client trains only on its own data and never communicates.
-
-Paper: No paper of its own (the lower reference of personalized FL).
-See docs/algorithms/local.md.
-"""
+"""Local training: every client trains only on its own data and never communicates (docs/algorithms/local.md)."""
 
 from __future__ import annotations
 

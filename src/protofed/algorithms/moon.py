@@ -1,8 +1,4 @@
-"""MOON: FedAvg plus a model-contrastive loss on representations.
-
-Paper: Li, He & Song, Model-Contrastive Federated Learning, CVPR 2021.
-See docs/algorithms/moon.md.
-"""
+"""MOON: FedAvg plus a model-contrastive loss on representations (docs/algorithms/moon.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Per-FedAvg: FedAvg on a MAML objective.
-
-Paper: Fallah, Mokhtari & Ozdaglar, Personalized Federated Learning with Theoretical Guarantees:
-A Model-Agnostic Meta-Learning Approach, NeurIPS 2020.
-See docs/algorithms/perfedavg.md.
-"""
+"""Per-FedAvg: FedAvg on a MAML objective (docs/algorithms/perfedavg.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""pFedMe: personalized models as proximal points (Moreau envelopes) of a shared model.
-
-Paper: T. Dinh, Tran & Nguyen, Personalized Federated Learning with Moreau Envelopes, NeurIPS 2020.
-See docs/algorithms/pfedme.md.
-"""
+"""pFedMe: personalized models as proximal points (Moreau envelopes) of a shared model (docs/algorithms/pfedme.md)."""
 
 from __future__ import annotations
 

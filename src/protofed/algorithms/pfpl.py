@@ -1,9 +1,4 @@
-"""PFPL: personalized prototypes from distance-weighted neighbours; only prototypes travel.
-
-Paper: Zeng et al., Personalized federated prototype learning in mixed heterogeneous data
-scenarios.
-See docs/algorithms/pfpl.md.
-"""
+"""PFPL: personalized prototypes from distance-weighted neighbours; only prototypes travel (docs/algorithms/pfpl.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""ProtoHAR: a global body aligned to global prototypes, and a personal classifier.
-
-Paper: Cheng et al., ProtoHAR: Prototype Guided Personalized Federated Learning for Human Activity
-Recognition, IEEE JBHI 2023.
-See docs/algorithms/protohar.md.
-"""
+"""ProtoHAR: a global body aligned to global prototypes, and a personal classifier (docs/algorithms/protohar.md)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO, TypedDict
 
 import typer
 
@@ -34,6 +33,14 @@ if TYPE_CHECKING:
     from rich.progress import TaskID
 
     from protofed.api import RunInterrupted, Started
+
+
+class Hooks(TypedDict):
+    """The callbacks and stream a run is followed with (`protofed.run`'s keywords)."""
+
+    on_start: Callable[[Started], None]
+    on_round: Callable[..., None]
+    lines: TextIO | None
 
 
 class RoundsDisplay:
@@ -73,13 +80,12 @@ class RoundsDisplay:
         warnings.simplefilter("ignore", SummaryWarning)  # printed with the summary instead
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stack.__exit__(kind, exc, tb)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.__exit__(*exc_info)
+
+    def hooks(self) -> Hooks:
+        """What `protofed.run` and `protofed.resume` are followed with."""
+        return Hooks(on_start=self.start, on_round=self.update, lines=self.lines)
 
 
 def _exit_interrupted(stop: RunInterrupted) -> NoReturn:
@@ -128,14 +134,7 @@ def run(
             cfg = experiment_config(config, set_, data_dir)
             started = _follow(
                 lambda display: api.run(
-                    cfg,
-                    out,
-                    engine=engine,
-                    overwrite=force,
-                    on_start=display.start,
-                    on_round=display.update,
-                    log=log,
-                    lines=display.lines,
+                    cfg, out, engine=engine, overwrite=force, log=log, **display.hooks()
                 ),
                 quiet,
             )
@@ -146,14 +145,7 @@ def run(
         if config is not None or set_:
             raise ConfigError("--resume takes the run directory's own config; drop CONFIG and -s")
         started = _follow(
-            lambda display: api.resume(
-                resume_dir,
-                data_dir=data_dir,
-                on_start=display.start,
-                on_round=display.update,
-                log=log,
-                lines=display.lines,
-            ),
+            lambda display: api.resume(resume_dir, data_dir=data_dir, log=log, **display.hooks()),
             quiet,
         )
         _print_finished(started, resume_dir)
@@ -187,6 +179,12 @@ def _print_finished(started: Started | None, resume_dir: Path | None) -> None:
         print_summary(view, resume_dir)
 
 
+PRETRAIN_RESUME_HELP = (
+    "Continue an interrupted pre-training from the state kept beside --out after every epoch "
+    "(OUT.state.safetensors); start afresh if there is none."
+)
+
+
 def pretrain(
     config: ConfigFile = None,
     set_: Overrides = [],  # noqa: B006
@@ -197,14 +195,7 @@ def pretrain(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite an existing --out; start over.")
     ] = False,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="Continue an interrupted pre-training from the state kept beside --out "
-            "after every epoch (OUT.state.safetensors); start afresh if there is none.",
-        ),
-    ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help=PRETRAIN_RESUME_HELP)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Pre-train HART's encoder and ALP prototypes as a masked autoencoder on the unlabeled

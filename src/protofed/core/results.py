@@ -13,9 +13,9 @@ data, a round that was not scored) is None in memory as in the files (JSON has n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from protofed.core.types import Metrics
 
@@ -61,6 +61,34 @@ class JsonRecord:
         return out
 
 
+_R = TypeVar("_R", bound="JsonRecord")
+
+
+def _numbers(cls: type[_R], data: Mapping[str, Any], read: Callable[[Any], Any]) -> _R:
+    """A record whose fields are all numbers, each read from its key by `read`."""
+    return cls(**{f.name: read(data.get(f.name)) for f in fields(cast(Any, cls))})
+
+
+def _seconds(value: object) -> float:
+    return float(cast(float, value) or 0.0)
+
+
+class Fractions(JsonRecord):
+    """Scores: every field a fraction, None where it cannot be computed."""
+
+    @classmethod
+    def from_json(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        return _numbers(cls, data, finite)
+
+
+class Seconds(JsonRecord):
+    """Timings: every field in seconds, 0 where an earlier file lacks it."""
+
+    @classmethod
+    def from_json(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        return _numbers(cls, data, _seconds)
+
+
 def _floats(values: object) -> list[float | None]:
     return [finite(v) for v in values] if isinstance(values, list) else []
 
@@ -77,7 +105,7 @@ def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Scores(JsonRecord):
+class Scores(Fractions):
     """Accuracy and macro-F1 of client models: the mean across clients and its std."""
 
     acc: float | None
@@ -86,26 +114,18 @@ class Scores(JsonRecord):
     f1_std: float | None = None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Scores:
-        return cls(**{f.name: finite(data.get(f.name)) for f in fields(cls)})
-
-    @classmethod
     def absent(cls) -> Scores:
         return cls(acc=None, f1=None)
 
 
 @dataclass(frozen=True, kw_only=True)
-class GlobalScores(JsonRecord):
+class GlobalScores(Fractions):
     """The server's model on the union of the clients' test splits (one model: no acc std;
     `f1_std` is the spread of its F1 across the clients' own splits)."""
 
     acc: float | None
     f1: float | None
     f1_std: float | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GlobalScores:
-        return cls(**{f.name: finite(data.get(f.name)) for f in fields(cls)})
 
 
 def _scores(data: object) -> Scores | None:
@@ -185,14 +205,13 @@ class RoundInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoundTime(JsonRecord):
+class RoundTime(Seconds):
+    """Seconds one round took, by phase: the clients' training (with the wait for their
+    replies), the server's aggregation, and the evaluation."""
+
     train_s: float
     aggregate_s: float
     eval_s: float
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RoundTime:
-        return cls(**{f.name: float(data.get(f.name) or 0.0) for f in fields(cls)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,7 +344,7 @@ class CommSummary(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimeSummary(JsonRecord):
+class TimeSummary(Seconds):
     """Seconds over the whole run (all its sessions), by phase."""
 
     total_s: float
@@ -334,10 +353,6 @@ class TimeSummary(JsonRecord):
     eval_s: float
     train_s_per_round: float
     client_updates_per_s: float
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TimeSummary:
-        return cls(**{f.name: float(data.get(f.name) or 0.0) for f in fields(cls)})
 
 
 @dataclass(frozen=True, kw_only=True)

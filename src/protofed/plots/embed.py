@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -301,20 +301,9 @@ def draw_embedding(m: EmbeddingMap) -> Figure:
     return fig
 
 
-def embedding_figure(
-    run: Run | str | Path,
-    client: int,
-    others: int = 3,
-    max_points: int = 300,
-    data_dir: str | Path | None = None,
-    other_data: str | None = None,
-    pick: list[int] | None = None,
-    own_models: bool = False,
-) -> Figure:
-    """`embedding_map` drawn (`draw_embedding`)."""
-    return draw_embedding(
-        embedding_map(run, client, others, max_points, data_dir, other_data, pick, own_models)
-    )
+def embedding_figure(run: Run | str | Path, client: int, **options: Any) -> Figure:
+    """`embedding_map(run, client, **options)` drawn (`draw_embedding`)."""
+    return draw_embedding(embedding_map(run, client, **options))
 
 
 @dataclass
