@@ -218,9 +218,9 @@ def test_small_epsilon_uses_the_log_domain_and_stays_finite(monkeypatch) -> None
     calls: list[float] = []
     real = alp.sinkhorn_log
 
-    def spy(scores, epsilon, iterations):
+    def spy(scores, epsilon, iterations, order):
         calls.append(epsilon)
-        return real(scores, epsilon, iterations)
+        return real(scores, epsilon, iterations, order)
 
     monkeypatch.setattr(alp, "sinkhorn_log", spy)
     layer = _layer(epsilon=1e-3).train()
