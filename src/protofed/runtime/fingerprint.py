@@ -35,9 +35,18 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "eval.client_model": "received",
     "eval.f1_labels": "true",
     "data.members": ["hhar", "wisdm"],
+    "model.alp.normalize_only": False,
+    "model.alp.sinkhorn_order": "rows_last",
+    "model.alp.update": "topk",
+    "model.hart.head_dim": None,
+    "model.hart.attention_dropout": 0.0,
+    "model.hart.mlp_dropout": 0.0,
+    "model.hart.mlp_activation": "gelu",
+    "model.hart.embedding_activation": "relu",
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
-behaviour, so those checkpoints still resume. (An unset generalization_samples keeps it only
+behaviour, so those checkpoints still resume (tests/test_runs.py resumes a run written before
+the newest of them; a key added without an entry here fails it). (An unset generalization_samples keeps it only
 for test unions up to 20,000 samples: a larger run from before resumes scored on a sample.)"""
 
 
