@@ -563,7 +563,7 @@ def test_the_official_preset_runs_one_round_on_real_data(shared_data, tmp_path) 
     from protofed.cli import app
 
     path = uci_har_slice(tmp_path / "uci_har_4.npz", [1, 3, 5, 6], every=6)
-    preset = Path(__file__).resolve().parents[1] / "configs" / "fedali_official.yaml"
+    preset = Path(__file__).resolve().parents[2] / "configs" / "fedali_official.yaml"
     small = ["data.name=arrays", f"data.path={path}", "model.alp.prototypes=[16,16,8,8,4,4]"]
     small += ["train.rounds=1", "train.local_epochs=1", "train.workers=1", "train.threads=1"]
     small += ["eval.every=1"]

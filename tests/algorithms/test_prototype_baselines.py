@@ -93,7 +93,7 @@ def equal(a: Arrays, b: Arrays) -> bool:
 
 # registry, hyperparameters and the shared helpers ---------------------------------------------
 def test_registered_with_paper_defaults_and_global_model_flags() -> None:
-    # the registry contract (docs, unknown keys) is test_baselines.py's, for every algorithm
+    # the registry contract (docs, unknown keys) is test_weight_baselines.py's, for every algorithm
     assert {n: ALGORITHMS[n].has_global_model for n in NAMES} == {
         "fedpac": False,
         "fednh": True,

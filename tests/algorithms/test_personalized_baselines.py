@@ -119,7 +119,7 @@ def grad_at(model: nn.Module, weights: Arrays, x: torch.Tensor, y: torch.Tensor)
 
 # registry and hyperparameters ----------------------------------------------------------------
 def test_registered_with_paper_defaults_flags_and_ala() -> None:
-    # the registry contract (docs, unknown keys) is test_baselines.py's, for every algorithm
+    # the registry contract (docs, unknown keys) is test_weight_baselines.py's, for every algorithm
     assert {n: ALGORITHMS[n].has_global_model for n in NAMES} == {
         "moon": True,
         "fedbn": False,
