@@ -149,7 +149,7 @@ def test_resume_reads_data_from_data_dir_when_the_root_moved(office_root, tmp_pa
 
 PAPER_CONFIGS = sorted(
     p
-    for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")
+    for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")
     if p.name.split("_")[0] in ("fedala", "fedali", "feddpa", "fedsub", "pfpl", "baselines")
 )
 
