@@ -43,14 +43,14 @@ from protofed.flower.transport import RoundFailed  # noqa: E402
 from protofed.flower.validation import ReplyValidator  # noqa: E402
 from protofed.runtime import fit_client, prepare, simulate  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: test_golden, conftest
 import test_golden  # noqa: E402
 from conftest import uci_har_slice  # noqa: E402
 
 for _key, _value in FLOWER_ENV.items():  # no telemetry, no update check, no pip installs
     os.environ.setdefault(_key, _value)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # The algorithms whose Flower runs must equal the built-in engine's. Add a name here when an
 # algorithm lands; its experiment joins the one simulation session below.

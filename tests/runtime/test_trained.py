@@ -107,7 +107,7 @@ WORKSPACE = {  # the model the workspace holds at the end of `fit` is the person
 # by their method, these evaluate another model than the one the workspace trained last:
 # APFL the mixture alpha*v + (1-alpha)*w, Per-FedAvg one step from the received model,
 # FedRoD the summed heads, FedProto (default) its nearest-prototype head; FedBN and FedAli
-# need other models and are covered by the runtime tests (fedali: tests/test_flower.py).
+# need other models and are covered by the runtime tests (fedali: tests/flower/test_flower.py).
 NOT_THE_WORKSPACE = ["apfl", "perfedavg", "fedrod", "fedproto"]
 
 
