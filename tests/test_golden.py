@@ -2,7 +2,7 @@
 
 `tests/golden/*.json` hold the final and selected scores of a handful of short runs, recorded
 from the built-in engine. Every engine must reproduce them: in-process, with a worker pool,
-and on Flower's simulation engine (test_flower.py; four clients at most, as its fault
+and on Flower's simulation engine (flower/test_flower.py; four clients at most, as its fault
 injection hits clients 4 and 5). A change that is meant to change numbers regenerates them
 on purpose (`python tests/test_golden.py`) and says why in its commit.
 """

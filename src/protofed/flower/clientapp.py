@@ -190,7 +190,7 @@ def _fault(cid: int, server_round: int) -> str | None:
     makes that client misbehave in that round, for real, in the real ClientApp: `raise`
     (default), or reply with `nan` values, a wrong `shape`, a `missing` array, or `inflate`d
     (every weight times 1e6 and num_examples=1e12: a poisoning attempt). The server must
-    leave the reply out and go on (tests/test_flower.py; docs/flower.md)."""
+    leave the reply out and go on (tests/flower/test_flower.py; docs/flower.md)."""
     spec = os.environ.get("PROTOFED_FLOWER_FAULT", "")
     for item in filter(None, (s.strip() for s in spec.split(","))):
         c, r, *kind = item.split(":")

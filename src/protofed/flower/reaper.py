@@ -7,7 +7,7 @@ script of its own (`python reaper.py PID`; it imports psutil only, so it starts 
 their own children. A normal end stops the watchdog first (`Reaper.stop`), so it never
 touches what the driver's own clean-up handles. A Ray cluster the driver attached to
 (`flower.ray_address`) runs in processes `ray start` spawned, never the driver's
-descendants: the watchdog never kills them (tests/test_ray_cluster.py).
+descendants: the watchdog never kills them (tests/flower/test_ray_cluster.py).
 """
 
 from __future__ import annotations
