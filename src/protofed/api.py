@@ -293,7 +293,9 @@ def run(
     `overrides` as in `resolve_config`. `out`: the run directory (default:
     `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
     `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine). `log`:
-    "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/ (docs/tracking.md);
+    "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/, "mlflow" an MLflow run
+    to a store in `out`/mlruns/, "mlflow=URI" to the tracking server at URI (several: a list;
+    plugins add more: docs/tracking.md);
     `lines`: a stream (e.g. a log file's) that gets one plain line per evaluated round.
     `on_start(started)`: called once the run is built, before its first round.
     `on_round(round, info, record)`: called after every round (`record`: the evaluated
@@ -422,7 +424,8 @@ def _drive(
     from protofed.tracking import Tracking
 
     rounds, done = loop.cfg.train.rounds, loop.progress.server_round
-    with Tracking(out, rounds, done, logs, calls.lines) as tracking:
+    config = loop.cfg.to_dict()
+    with Tracking(out, rounds, done, logs, calls.lines, config) as tracking:
 
         def each(server_round: int, info: RoundInfo, record: RoundRecord | None) -> None:
             tracking(server_round, info, record)
@@ -435,7 +438,8 @@ def _drive(
             engine.drive(loop, each)
         except KeyboardInterrupt as stop:
             raise RunInterrupted(Path(out), loop.progress.server_round, loop.checkpoints) from stop
-    finished = Run(out)
+        finished = Run(out)
+        tracking.finish(finished.summary)
     for warning in finished.summary.warnings:
         warnings.warn(warning, SummaryWarning, stacklevel=3)
     return finished

@@ -5,9 +5,10 @@ A distribution declares, in its `pyproject.toml`,
     [project.entry-points."protofed.algorithms"]
     myalgo = "mypackage.algorithms"          # a module whose import registers (decorators)
 
-(groups `protofed.algorithms`, `protofed.models`, `protofed.datasets`). Each group is loaded
-once, the first time a registry lists its names or misses one. Loading a module registers
-whatever it decorates (`protofed.register_algorithm`, ...); an entry point that names an
+(groups `protofed.algorithms`, `protofed.models`, `protofed.datasets`, and `protofed.loggers`
+for `--log` destinations: `protofed.tracking.register_logger`). Each group is loaded once, the
+first time a registry lists its names or misses one. Loading a module registers whatever it
+decorates (`protofed.register_algorithm`, ...); an entry point that names an
 object instead is handed to the registry's own registration function. A plugin that fails
 to load is a one-line warning naming its distribution and entry point, never a crash.
 """
@@ -28,6 +29,7 @@ GROUPS = {
     "algorithms": "protofed.algorithms",
     "models": "protofed.models",
     "datasets": "protofed.datasets",
+    "loggers": "protofed.loggers",
 }
 
 _loaded: set[str] = set()

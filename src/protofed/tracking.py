@@ -4,7 +4,9 @@ The loop calls `on_round(round, info, record)` after every round (`runtime.loop.
 `info` holds the round's train loss, server metrics and times, `record` the line it appended
 to metrics.jsonl (None for a round that was not evaluated). `Tracking` consumes them:
 
-- TensorBoard scalars in RUN/tensorboard/ (`--log tensorboard`, `protofed.run(log=...)`);
+- the loggers named by `--log` (`protofed.run(log=...)`): TensorBoard scalars in
+  RUN/tensorboard/ (`tensorboard`), an MLflow run (`mlflow`, `mlflow=URI`), and any a plugin
+  registers (`Logger`, `register_logger`, entry point group `protofed.loggers`);
 - one plain line per evaluated round for a log file (`round 10/100  loss 0.4123  pers F1
   81.23%  ...  ETA 4m48s`), where stderr is not a terminal and no progress bar is drawn;
 - the progress bar's status (the latest train loss and personalization F1).
@@ -14,19 +16,25 @@ It only reads what the loop hands it, so what it shows is what metrics.jsonl hol
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, runtime_checkable
 
-from protofed.core.results import RoundInfo, RoundRecord
+from protofed.core.results import RoundInfo, RoundRecord, Summary
 from protofed.errors import ConfigError
 
-LOGS = ("tensorboard",)
-"""The `--log` destinations."""
 TENSORBOARD = "tensorboard"
 """The run directory's folder of TensorBoard event files."""
+MLRUNS = "mlruns"
+"""The run directory's folder of the default local MLflow store (`--log mlflow`)."""
+MLFLOW_RUN = "mlflow_run.json"
+"""In the run directory: the MLflow run it logs to (its tracking URI and run id), so a
+resumed run goes on logging into the same MLflow run."""
 SCORES = {
     "personalization": "personalization",
     "generalization": "generalization",
@@ -36,22 +44,109 @@ SCORES = {
 """metrics.jsonl's score sections -> their TensorBoard tag prefix."""
 
 
+# the logger interface ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunStart:
+    """What a logger is told when a run (or a resumed session of it) starts."""
+
+    run_dir: Path  # the run directory (absolute)
+    total: int  # the run's rounds
+    first_round: int  # 1 for a new run, else the first round this session runs
+    config: dict[str, Any]  # the run's resolved config (config.yaml), nested
+
+
+@runtime_checkable
+class Logger(Protocol):
+    """A `--log` destination. Built from the option's value (`--log NAME=VALUE`, else None)
+    when the options are checked, before anything is written: the constructor checks that its
+    packages are installed (a one-line ConfigError naming the extra) and writes nothing.
+
+    `start(run)` once the run is built; `log_round(scalars, step)` after every round (the
+    scalars by TensorBoard tag, `scalars()`; step: the round); `close(summary)` at the end,
+    with the run's `Summary` when it finished, None when it stopped (interrupted, failed)."""
+
+    def start(self, run: RunStart) -> None: ...
+
+    def log_round(self, scalars: Mapping[str, float], step: int) -> None: ...
+
+    def close(self, summary: Summary | None) -> None: ...
+
+
+LoggerFactory = Callable[[str | None], Logger]
+LOGGERS: dict[str, LoggerFactory] = {}
+"""Every `--log` destination by name: the built-in ones, then plugins' (`load_loggers`)."""
+
+
+def register_logger(name: str) -> Callable[[Any], Any]:
+    """Decorator: a `Logger` class (or a factory `(value: str | None) -> Logger`) known to
+    `--log` as `name`. A plugin's module does this and declares it in its pyproject.toml:
+
+        [project.entry-points."protofed.loggers"]
+        wandb = "mypackage.wandb_logger"   # a module that uses @protofed.tracking.register_logger
+
+    (docs/tracking.md shows a Weights & Biases logger as an example)."""
+    from protofed import plugins
+
+    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
+        raise ConfigError(f"a logger name is lowercase letters, digits, _ and - (got {name!r})")
+    return plugins.registrar("loggers", LOGGERS, name, lambda factory: factory)
+
+
+def load_loggers() -> dict[str, LoggerFactory]:
+    """Every logger, installed plugins' included (`protofed.plugins`)."""
+    from protofed import plugins
+
+    def register(obj: Any) -> None:  # an entry point that names a class with a `name`
+        name = getattr(obj, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"{obj!r} has no `name`: decorate it with register_logger(name)")
+        register_logger(name)(obj)
+
+    plugins.load("loggers", register)
+    return LOGGERS
+
+
+def _split(item: str) -> tuple[str, str | None]:
+    name, sep, value = item.partition("=")
+    return name.strip(), (value.strip() if sep else None)
+
+
 def log_kinds(values: str | Sequence[str] | None) -> tuple[str, ...]:
-    """`--log` values (repeated, or comma-separated) checked before any file is written: an
-    unknown one, or tensorboard without its package, is a one-line error."""
+    """`--log` values (repeated, or comma-separated; `NAME` or `NAME=VALUE`) checked before
+    any file is written: an unknown one, or one whose package is missing, is a one-line
+    error. Returns them normalized, one a destination."""
     if values is None:
         return ()
     items = [values] if isinstance(values, str) else list(values)
     kinds: list[str] = []
     for item in items:
         for kind in (k.strip() for k in str(item).split(",")):
-            if kind and kind not in LOGS:
-                raise ConfigError(f"unknown --log '{kind}' (valid: {', '.join(LOGS)})")
-            if kind and kind not in kinds:
-                kinds.append(kind)
-    if "tensorboard" in kinds:
-        require_tensorboard()
+            if not kind:
+                continue
+            name, value = _split(kind)
+            if name not in LOGGERS:
+                load_loggers()
+            if name not in LOGGERS:
+                valid = ", ".join(sorted(LOGGERS))
+                raise ConfigError(f"unknown --log '{name}' (valid: {valid})")
+            LOGGERS[name](value)  # checks its packages and value; writes nothing
+            normalized = name if value is None else f"{name}={value}"
+            if normalized not in kinds:
+                kinds.append(normalized)
     return tuple(kinds)
+
+
+def build_loggers(kinds: Sequence[str]) -> list[Logger]:
+    """The loggers of `log_kinds(...)`'s destinations."""
+    loggers = []
+    for kind in kinds:
+        name, value = _split(kind)
+        if name not in LOGGERS:
+            load_loggers()
+        if name not in LOGGERS:
+            raise ConfigError(f"unknown --log '{name}' (valid: {', '.join(sorted(LOGGERS))})")
+        loggers.append(LOGGERS[name](value))
+    return loggers
 
 
 def require_tensorboard() -> None:
@@ -172,7 +267,7 @@ class TensorBoardLog:
             log_dir=str(folder), purge_step=first_round if first_round > 1 else None
         )
 
-    def add(self, server_round: int, values: dict[str, float]) -> None:
+    def add(self, server_round: int, values: Mapping[str, float]) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, server_round)
         self.writer.flush()
@@ -181,11 +276,191 @@ class TensorBoardLog:
         self.writer.close()
 
 
+@register_logger("tensorboard")
+class TensorBoardLogger:
+    """`--log tensorboard`: TensorBoard scalars in RUN/tensorboard/ (`TensorBoardLog`)."""
+
+    name = "tensorboard"
+
+    def __init__(self, value: str | None = None) -> None:
+        if value is not None:
+            raise ConfigError(f"--log tensorboard takes no value (got tensorboard={value})")
+        require_tensorboard()
+        self.log: TensorBoardLog | None = None
+
+    def start(self, run: RunStart) -> None:
+        self.log = TensorBoardLog(run.run_dir / TENSORBOARD, run.first_round)
+
+    def log_round(self, scalars: Mapping[str, float], step: int) -> None:
+        if self.log is not None:
+            self.log.add(step, scalars)
+
+    def close(self, summary: Summary | None) -> None:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def require_mlflow() -> None:
+    """A one-line error naming the extra to install when MLflow cannot be imported."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"--log mlflow needs the mlflow package: pip install 'protofed[mlflow]' ({reason})"
+        ) from None
+
+
+def mlflow_uri(run_dir: Path) -> str:
+    """The default local MLflow store of a run: a SQLite file in RUN/mlruns/ (MLflow's own
+    file store is in maintenance mode and refused by default since MLflow 3)."""
+    return f"sqlite:///{(run_dir / MLRUNS / 'mlflow.db').absolute().as_posix()}"
+
+
+_MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def mlflow_key(key: str) -> str:
+    """A param or metric name MLflow accepts (letters, digits, `_-. /`; others become `_`)."""
+    return _MLFLOW_KEY.sub("_", key)
+
+
+def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"train": {"lr": 0.1}} -> {"train.lr": "0.1"}: a config as MLflow params."""
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flat_params(value, f"{name}."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            out[mlflow_key(name)] = text[:6000]  # MLflow's limit on a param's value
+    return out
+
+
+def summary_scalars(summary: Summary) -> dict[str, float]:
+    """A finished run's reported scores as metrics: `final/personalization/f1`,
+    `selected/global/acc`, ... (fractions, as every other score)."""
+    out: dict[str, float] = {}
+    for when, reported in (("final", summary.final), ("selected", summary.selected)):
+        if reported is None:
+            continue
+        line = reported.to_json()
+        for section in ("personalization", "generalization", "global"):
+            for k, v in (line.get(section) or {}).items():
+                if (number := _number(v)) is not None:
+                    out[f"{when}/{section}/{k}"] = number
+    return out
+
+
+@register_logger("mlflow")
+class MlflowLogger:
+    """`--log mlflow`: an MLflow run in a local store under the run directory
+    (`mlflow_uri`: RUN/mlruns/mlflow.db, artifacts in RUN/mlruns/artifacts);
+    `--log mlflow=URI`: in the tracking server or store at URI (http://host:5000,
+    sqlite:///path, ...). The experiment is $MLFLOW_EXPERIMENT_NAME, else "protofed"; the
+    MLflow run is named after the run directory.
+
+    It gets the config as params (flattened keys: `train.lr`), every round's scalars under
+    TensorBoard's tags (`personalization/f1`, step = the round) and, at the end, the summary's
+    reported scores (`summary_scalars`). A resumed run logs into the same MLflow run
+    (RUN/mlflow_run.json): MLflow keeps every value logged, so rounds an interrupted session
+    logged after its last checkpoint appear twice at their step."""
+
+    name = "mlflow"
+
+    def __init__(self, value: str | None = None) -> None:
+        if value is not None and not value:
+            raise ConfigError("--log mlflow=URI: the URI is empty")
+        require_mlflow()
+        self.uri = value
+        self.client: Any = None
+        self.run_id: str | None = None
+
+    def start(self, run: RunStart) -> None:
+        import logging
+
+        from mlflow.tracking import MlflowClient
+
+        for quiet in ("mlflow.store.db.utils", "alembic"):  # the new store's schema notes
+            logging.getLogger(quiet).setLevel(logging.WARNING)
+        uri = self.uri or mlflow_uri(run.run_dir)
+        if self.uri is None:
+            (run.run_dir / MLRUNS).mkdir(parents=True, exist_ok=True)
+        self.client = client = MlflowClient(tracking_uri=uri)
+        kept = run.run_dir / MLFLOW_RUN
+        if run.first_round > 1 and kept.is_file():
+            try:
+                before = json.loads(kept.read_text())
+            except (OSError, ValueError):
+                before = {}
+            if before.get("tracking_uri") == uri and isinstance(before.get("run_id"), str):
+                self.run_id = before["run_id"]
+                client.update_run(self.run_id, status="RUNNING")
+                return
+        import os
+
+        experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "protofed"
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            experiment_id = found.experiment_id
+        else:
+            artifacts = (
+                (run.run_dir / MLRUNS / "artifacts").absolute().as_uri()
+                if self.uri is None
+                else None
+            )
+            experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
+        created = client.create_run(
+            experiment_id,
+            run_name=run.run_dir.name,
+            tags={"protofed.run_dir": str(run.run_dir)},
+        )
+        self.run_id = created.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in flat_params(run.config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes 100 params a batch
+            client.log_batch(self.run_id, params=params[i : i + 100])
+        from protofed.core.files import atomic_write_text
+
+        atomic_write_text(
+            kept, json.dumps({"tracking_uri": uri, "run_id": self.run_id}, indent=2) + "\n"
+        )
+
+    def _log(self, values: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        if self.client is None or self.run_id is None:
+            return
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(k), float(v), stamp, step) for k, v in values.items()]
+        for i in range(0, len(metrics), 1000):  # MLflow takes 1000 metrics a batch
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def log_round(self, scalars: Mapping[str, float], step: int) -> None:
+        self._log(scalars, step)
+
+    def close(self, summary: Summary | None) -> None:
+        if self.client is None or self.run_id is None:
+            return
+        if summary is not None:
+            self._log(summary_scalars(summary), summary.rounds)
+            status = "FINISHED" if summary.status == "complete" else "FAILED"
+        else:
+            status = "KILLED"  # interrupted: a resume goes on in the same MLflow run
+        self.client.set_terminated(self.run_id, status=status)
+        self.client = None
+
+
 class Tracking:
     """Everything that consumes a round's record as the run goes; call it as `on_round`.
 
     `run_dir`: the run directory; `total`: the run's rounds; `done`: the rounds already run
-    (a resume); `log`: `log_kinds(...)`; `lines`: where plain lines go (None: nowhere).
+    (a resume); `log`: `log_kinds(...)`; `lines`: where plain lines go (None: nowhere);
+    `config`: the run's config (nested, as config.yaml) for the loggers that record it.
+    `finish(summary)` hands the loggers the run's summary before `close`.
     """
 
     def __init__(
@@ -195,23 +470,43 @@ class Tracking:
         done: int = 0,
         log: Sequence[str] = (),
         lines: TextIO | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self.total = total
         self.lines = lines
         self.clock = RoundClock()
         self.loss: float | None = None
         self.pers_f1: float | None = None
-        self.tensorboard = (
-            TensorBoardLog(Path(run_dir) / TENSORBOARD, done + 1) if "tensorboard" in log else None
-        )
+        self.summary: Summary | None = None
+        self.loggers = build_loggers(log)
+        start = RunStart(Path(run_dir).absolute(), total, done + 1, dict(config or {}))
+        started: list[Logger] = []
+        try:
+            for logger in self.loggers:
+                logger.start(start)
+                started.append(logger)
+        except BaseException:
+            for logger in started:
+                logger.close(None)
+            raise
+
+    @property
+    def tensorboard(self) -> TensorBoardLog | None:
+        """The TensorBoard writer, where `--log tensorboard` is on."""
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                return logger.log
+        return None
 
     def __call__(self, server_round: int, info: RoundInfo, record: RoundRecord | None) -> None:
         round_s = self.clock.tick()
         self.loss = _number(info.train_loss)
         if record is not None:
             self.pers_f1 = _number(record.personalization.f1)
-        if self.tensorboard is not None:
-            self.tensorboard.add(server_round, scalars(info, record, round_s))
+        if self.loggers:
+            values = scalars(info, record, round_s)
+            for logger in self.loggers:
+                logger.log_round(values, server_round)
         if self.lines is not None and record is not None:
             try:
                 print(plain_line(server_round, self.total, record, self.clock), file=self.lines)
@@ -225,9 +520,14 @@ class Tracking:
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
         return f"loss {loss}  pers F1 {_pct(self.pers_f1)}"
 
+    def finish(self, summary: Summary | None) -> None:
+        """The run ended with `summary` (None: no summary, e.g. it was interrupted)."""
+        self.summary = summary
+
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        loggers, self.loggers = self.loggers, []
+        for logger in loggers:
+            logger.close(self.summary)
 
     def __enter__(self) -> Tracking:
         return self

@@ -118,7 +118,11 @@ def run(
     ] = "builtin",
     log: Annotated[
         list[str],
-        typer.Option("--log", help="Also log to: tensorboard (RUN/tensorboard/, docs/tracking.md)"),
+        typer.Option(
+            "--log",
+            help="Also log to: tensorboard (RUN/tensorboard/), mlflow (a store in RUN/mlruns/), "
+            "mlflow=URI (a tracking server), or a plugin's logger; docs/tracking.md.",
+        ),
     ] = [],  # noqa: B006
 ) -> None:
     """Run one experiment and write its run directory."""
