@@ -232,7 +232,7 @@ def test_figures_draw_the_runs_numbers(sweep, tmp_path):
     from protofed.plots.curves import client_distributions, learning_curves, pers_vs_gen
 
     groups = group_runs(collect([sweep], "selected", []), "auto")
-    fig = learning_curves(groups)
+    fig = learning_curves(groups, band="ci")
     pers = fig.axes[0]
     assert (pers.get_xlabel(), pers.get_ylabel()) == ("round", "personalization macro-F1 (%)")
     labels = [ax.get_ylabel() for ax in fig.axes if ax.get_visible()]
@@ -255,7 +255,7 @@ def test_figures_draw_the_runs_numbers(sweep, tmp_path):
         hi = min(values.mean(0)[-1] + half[-1], 100.0)
         assert last.min() == pytest.approx(lo) and last.max() == pytest.approx(hi)
     assert fig.legends and len(fig.legends[0].get_texts()) == 2
-    assert "n=2" in fig.legends[0].get_texts()[0].get_text()
+    assert "n=" not in fig.legends[0].get_texts()[0].get_text()  # one n: the caption says it
 
     box = client_distributions(groups)
     ax = box.axes[0]

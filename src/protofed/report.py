@@ -16,12 +16,13 @@ run (population std, as `evaluation.py` records it) - what the papers write afte
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,7 @@ class Group:
     label: str
     key: dict[str, Any]
     runs: list[dict] = field(default_factory=list)
+    short: str = ""  # the figures' label: see `readable_labels`
 
     @property
     def n(self) -> int:
@@ -326,9 +328,12 @@ class Group:
 
 
 def _text(value: Any) -> str:
-    """A config value as a user writes it: true, [16, 16], 0.1."""
+    """A config value as a user writes it: true, [16, 16], 0.1; a path as its file name (a
+    label never carries the folders of the machine that made the run)."""
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, str) and ("/" in value or "\\" in value):
+        return re.split(r"[/\\]", value.rstrip("/\\"))[-1] or value
     return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
@@ -371,7 +376,127 @@ def group_runs(rows: list[dict], by: str | Sequence[str] = "auto") -> list[Group
         else:  # one group: the runs' common name, seed suffix removed
             names = {_strip_seed(r["run"]) for r in g.runs}
             g.label = names.pop() if len(names) == 1 else "all runs"
+    for g, short in zip(out, readable_labels(out, differ), strict=True):
+        g.short = short
     return out
+
+
+# the figures' labels -------------------------------------------------------------------------
+def _short_keys(keys: Sequence[str]) -> dict[str, str]:
+    """Each config key by its last part (`model.alp.enabled` by `alp`), with as many parts
+    before it as tell apart two keys of one last part (`train.lr`, `finetune.lr`)."""
+
+    def parts(key: str, depth: int) -> str:
+        names = key.split(".")
+        if names[-1] == "enabled" and len(names) > 1:
+            names = names[:-1]
+        return ".".join(names[-depth:])
+
+    out = {k: parts(k, 1) for k in keys}
+    for depth in range(2, max((k.count(".") + 1 for k in keys), default=1) + 1):
+        taken = Counter(out.values())
+        if all(taken[v] == 1 for v in out.values()):
+            break
+        out = {k: parts(k, depth) if taken[v] > 1 else v for k, v in out.items()}
+    return out
+
+
+def _short_part(key: str, short: str, value: Any) -> str:
+    """One differing key in a figure's label: `fedali` (a `*.name`), `alp on` (a switch),
+    `beta=0`, `init=hhar_e10.safetensors` (a path: its file name)."""
+    if key.endswith(".name") or key == "name":
+        return _text(value)
+    if isinstance(value, bool):
+        return f"{short} {'on' if value else 'off'}"
+    return f"{short}={'none' if value is None else _text(value)}"
+
+
+def readable_labels(groups: Sequence[Group], differ: Sequence[str]) -> list[str]:
+    """The figures' label of each group: the run folders' common name without the seed suffix
+    (a sweep names its runs by its entries: `fedali_pretrained_s0` -> `fedali_pretrained`)
+    when each group has one and they differ; else the differing config keys in short,
+    `fedali, alp on`; one group: its table label."""
+    folders = []
+    for g in groups:
+        names = {_strip_seed(r["run"]) for r in g.runs}
+        folders.append(names.pop() if len(names) == 1 else None)
+    if len(groups) > 1 and None not in folders and len(set(folders)) == len(groups):
+        return [str(f) for f in folders]
+    shorts = _short_keys(differ)
+    out = []
+    for g in groups:
+        parts = [_short_part(k, shorts[k], g.key[k]) for k in differ if g.key[k] != ABSENT]
+        out.append(", ".join(parts) if parts else g.label)
+    return out
+
+
+def _names_of(group: Group) -> set[str]:
+    """The run folder names a `--label` pattern is matched against: each run's name, its last
+    part, and both without the seed suffix."""
+    out = set()
+    for r in group.runs:
+        name = str(r["run"])
+        for n in (name, name.rsplit("/", 1)[-1]):
+            out |= {n, _strip_seed(n)}
+    return out
+
+
+def label_matches(key: str, group: Group) -> bool:
+    """Whether a `--label KEY=TEXT` (or `labels={KEY: TEXT}`) KEY names `group`: KEY is its
+    label as the table or the figures show it (exactly), or a shell pattern (`*`, `?`, `[]`)
+    that matches one of its runs' folder names, with or without the seed suffix."""
+    if key in (group.label, group.short):
+        return True
+    return any(fnmatch.fnmatchcase(n, key) for n in _names_of(group))
+
+
+def relabel(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[str]:
+    """The figures' label of each group: `labels[KEY]` for the group KEY names (see
+    `label_matches`), else its readable label (`Group.short`). A KEY that names no group, or
+    more than one, or two KEYs naming one group, is a ConfigError."""
+    out = [g.short or g.label for g in groups]
+    given: dict[int, str] = {}
+    for key, text in (labels or {}).items():
+        hits = [i for i, g in enumerate(groups) if label_matches(key, g)]
+        if len(hits) != 1:
+            known = "; ".join(g.short or g.label for g in groups)
+            what = "no group" if not hits else f"{len(hits)} groups"
+            raise ConfigError(f"label '{key}' names {what} (the groups: {known})")
+        if hits[0] in given:
+            raise ConfigError(f"two labels for the group '{out[hits[0]]}': give one")
+        given[hits[0]] = text
+    out = [given.get(i, label) for i, label in enumerate(out)]
+    for label in out:
+        if re.search(r"(^|[\s=])(/|[A-Za-z]:\\)", label):
+            raise ConfigError(f"label '{label}' is a path: give the group a name")
+    return out
+
+
+def parse_labels(items: Sequence[str], groups: Sequence[Group]) -> dict[str, str]:
+    """`--label KEY=TEXT` options as {KEY: TEXT}. A group's label may itself hold `=`
+    (`algorithm.name=fedali`): each option is split at the first `=` whose left side names a
+    group (`label_matches`); TEXT may hold `=` too."""
+    out: dict[str, str] = {}
+    for item in items:
+        cuts = [i for i, ch in enumerate(item) if ch == "="]
+        key = next(
+            (item[:i] for i in cuts if any(label_matches(item[:i], g) for g in groups)), None
+        )
+        if not cuts or not item[cuts[0] + 1 :].strip():
+            raise ConfigError(f"--label '{item}': write KEY=TEXT (a group's label or run name)")
+        if key is None:
+            known = "; ".join(g.short or g.label for g in groups)
+            raise ConfigError(f"--label '{item}': no group is named so (the groups: {known})")
+        out[key] = item[len(key) + 1 :]
+    return out
+
+
+def n_suffixes(groups: Sequence[Group]) -> list[str]:
+    """` (n=3)` after each label when the groups differ in n (the runs each mean is over),
+    nothing when they agree (the caption says n once)."""
+    if len({g.n for g in groups}) <= 1:
+        return ["" for _ in groups]
+    return [f" (n={g.n})" for g in groups]
 
 
 def metric_columns(rows: list[dict]) -> list[str]:

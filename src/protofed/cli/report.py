@@ -12,6 +12,33 @@ from rich.text import Text
 
 from protofed.cli.common import console, err_console, file_prefix, user_errors
 
+# the figures' options (docs/reporting.md#figures---plot)
+LabelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        help="--plot: KEY=TEXT names a group TEXT in the figures; KEY is a group's label "
+        "or a pattern of its run folders' names (fedali*). Repeat it.",
+    ),
+]
+BandOption = Annotated[
+    str,
+    typer.Option(
+        "--band",
+        help="--plot: the band around each curve: auto (ci when every group has n >= 3, "
+        "else std), std (± sample std), ci (95 % CI of the mean), none.",
+    ),
+]
+StyleOption = Annotated[
+    str,
+    typer.Option(
+        "--style", help="--plot: screen, paper (one column, 3.3 in) or paper-wide (7 in)."
+    ),
+]
+TitleOption = Annotated[
+    str | None, typer.Option("--title", help="--plot: the figures' title; '' for none.")
+]
+
 
 def report(
     dirs: Annotated[
@@ -40,6 +67,10 @@ def report(
             "--domains", help="Add pers. accuracy per natural group (domain, site) of clients."
         ),
     ] = False,
+    label: LabelOption = None,
+    band: BandOption = "auto",
+    style: StyleOption = "screen",
+    title: TitleOption = None,
 ) -> None:
     """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
     and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
@@ -65,22 +96,42 @@ def report(
             err_console.print(f"skipped {path}: {reason}", highlight=False, soft_wrap=True)
         spread = "one run per row" if group_by == "none" else f"mean ± {STD_NOTE}"
         table, wide = _scores_table(table_rows, when, spread, out)
-        if plot:
-            from protofed.plots.curves import check_figures_writable, figures, write_figures
-
-            drawn = figures(groups)  # before any file: a run it cannot draw writes nothing
+        drawn = _draw(plot, groups, label or [], band, style, title)  # before any file
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
         for path in (md, csv_path):  # every place probed first: a blocked one writes nothing
             check_writable(path)
-        if plot:
+        if drawn is not None:
+            from protofed.plots.curves import check_figures_writable
+
             check_figures_writable(drawn, out)
         atomic_write_text(md, to_markdown(table_rows, when))  # before the table: a failed
         atomic_write_text(csv_path, to_csv(table_rows))  # write is then the one line shown
         wide.print(table)
         written = [md, csv_path]
-        if plot:
-            written += write_figures(drawn, out, when)
+        if drawn is not None:
+            from protofed.plots.curves import caption, write_captions, write_figures
+
+            figs = write_figures(drawn, out, when)
+            written += [*figs, write_captions(caption(groups, drawn, band, when), out, figs)]
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+
+
+def _draw(
+    plot: bool, groups: list[Any], label: list[str], band: str, style: str, title: str | None
+) -> dict[str, Any] | None:
+    """The figures of `--plot` (drawn before any file is written: a run they cannot draw, or
+    a `--label` that names no group, writes nothing), None without `--plot`."""
+    from protofed.errors import ConfigError
+    from protofed.report import parse_labels
+
+    if not plot:
+        if label or band != "auto" or style != "screen" or title is not None:
+            raise ConfigError("--label, --band, --style and --title draw figures: add --plot")
+        return None
+    from protofed.plots.curves import figures
+
+    labels = parse_labels(label, groups)
+    return figures(groups, labels=labels, band=band, style=style, title=title)
 
 
 def _scores_table(

@@ -3,6 +3,12 @@
 Every figure is written as PNG (for the docs) and PDF (for papers) by `save_figure`, with
 labelled axes and a legend that reads without the text. matplotlib runs headless (Agg).
 
+A style (`STYLES`: `screen`, `paper`, `paper-wide`) sets the figure's width and its fonts
+through `style_context`, an rc context: matplotlib's global rcParams are never changed.
+`paper` is one column of a two-column paper (3.3 in wide), `paper-wide` the full text width
+(7 in); both use 8 pt text, 9 pt titles and TrueType (Type 42) fonts in the PDF, which
+publishers' checks accept (Type 3 fonts are refused by some); the PNG is written at 300 dpi.
+
 ```
 curves.py      report --plot: learning curves with 95 % bands over seeds, per-client
                distributions, personalization against generalization
@@ -13,9 +19,13 @@ embed.py       embed RUN: t-SNE of embeddings and of class prototypes across rou
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from protofed.core.files import atomic_write, check_writable
 from protofed.errors import ConfigError
@@ -28,26 +38,106 @@ FORMATS = ("png", "pdf")
 DPI = 150
 
 
-def new_figure(
-    width: float = 6.4, height: float = 4.2, *, layout: str | None = None
-) -> tuple[Figure, Axes]:
-    """A figure with one axes, on the headless backend, in the house style."""
-    fig, axes = new_grid(width, height, 1, 1, layout=layout)
-    return fig, axes[0]
+@dataclass(frozen=True)
+class Style:
+    """How big a figure is and how its text looks: `width` in inches (None: each figure's
+    own screen size), `rc` the matplotlib settings applied while it is drawn and saved."""
+
+    name: str
+    width: float | None
+    dpi: int
+    rc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def paper(self) -> bool:
+        return self.width is not None
 
 
-def new_grid(
-    width: float, height: float, rows: int, cols: int, *, layout: str | None = None
-) -> tuple[Figure, list[Axes]]:
-    """A figure and its rows x cols axes, row by row, on the headless backend, in the house
-    style. `layout` is matplotlib's ("constrained" keeps legends outside the axes)."""
+_PRINT_RC: dict[str, Any] = {
+    "font.size": 8,
+    "axes.titlesize": 9,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "figure.titlesize": 9,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3,
+    "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+}
+STYLES: dict[str, Style] = {
+    "screen": Style("screen", None, DPI),
+    "paper": Style("paper", 3.3, 300, _PRINT_RC),
+    "paper-wide": Style("paper-wide", 7.0, 300, _PRINT_RC),
+}
+_STYLE_OF: weakref.WeakKeyDictionary[Figure, Style] = weakref.WeakKeyDictionary()
+
+
+def get_style(style: str | Style = "screen") -> Style:
+    """A style by name (`screen`, `paper`, `paper-wide`); a ConfigError names the others."""
+    if isinstance(style, Style):
+        return style
+    if style not in STYLES:
+        raise ConfigError(f"unknown style '{style}' (known: {', '.join(STYLES)})")
+    return STYLES[style]
+
+
+@contextlib.contextmanager
+def style_context(style: str | Style = "screen") -> Iterator[Style]:
+    """matplotlib's default style with `style`'s settings, for the duration of the block."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    with plt.style.context("default"):
+    chosen = get_style(style)
+    with plt.style.context("default"), plt.rc_context(cast(Any, chosen.rc)):
+        yield chosen
+
+
+def mark_style(fig: Figure, style: str | Style) -> None:
+    """Remember the style `fig` was drawn in: `save_figure` saves it in the same one."""
+    _STYLE_OF[fig] = get_style(style)
+
+
+def style_of(fig: Figure) -> Style:
+    """The style `fig` was drawn in (`screen` for a figure drawn elsewhere)."""
+    return _STYLE_OF.get(fig, STYLES["screen"])
+
+
+def new_figure(
+    width: float = 6.4,
+    height: float = 4.2,
+    *,
+    layout: str | None = None,
+    style: str | Style = "screen",
+) -> tuple[Figure, Axes]:
+    """A figure with one axes, on the headless backend, in the house style."""
+    fig, axes = new_grid(width, height, 1, 1, layout=layout, style=style)
+    return fig, axes[0]
+
+
+def new_grid(
+    width: float,
+    height: float,
+    rows: int,
+    cols: int,
+    *,
+    layout: str | None = None,
+    style: str | Style = "screen",
+) -> tuple[Figure, list[Axes]]:
+    """A figure and its rows x cols axes, row by row, on the headless backend, in the house
+    style and `style`'s fonts (draw the rest inside `style_context(style)` too). `layout` is
+    matplotlib's ("constrained" keeps legends outside the axes)."""
+    import matplotlib.pyplot as plt
+
+    with style_context(style):
         fig, grid = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, layout=layout)
+    mark_style(fig, style)
     axes: list[Axes] = list(grid.ravel())
     return fig, axes
 
@@ -58,8 +148,8 @@ def figure_paths(prefix: str | Path) -> list[Path]:
     return [prefix.with_name(f"{prefix.name}.{fmt}") for fmt in FORMATS]
 
 
-def _save_as(fig: Figure, fmt: str, handle: BinaryIO) -> None:
-    fig.savefig(handle, format=fmt, dpi=DPI)
+def _save_as(fig: Figure, fmt: str, dpi: int, handle: BinaryIO) -> None:
+    fig.savefig(handle, format=fmt, dpi=dpi)
 
 
 def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
@@ -76,9 +166,11 @@ def save_figure(fig: Figure, prefix: str | Path) -> list[Path]:
     except ConfigError:
         plt.close(fig)  # refused: not left open in a notebook's session
         raise
-    if fig.get_layout_engine() is None:  # a constrained layout (legends outside) stays
-        fig.tight_layout()
-    for path, fmt in zip(paths, FORMATS, strict=True):
-        atomic_write(path, functools.partial(_save_as, fig, fmt))
+    style = style_of(fig)
+    with style_context(style):  # the PDF's font type is read when it is written
+        if fig.get_layout_engine() is None:  # a constrained layout (legends outside) stays
+            fig.tight_layout()
+        for path, fmt in zip(paths, FORMATS, strict=True):
+            atomic_write(path, functools.partial(_save_as, fig, fmt, style.dpi))
     plt.close(fig)
     return paths

@@ -3,15 +3,26 @@
 Each figure compares the groups of `protofed.report.group_runs` (runs that differ only in the
 seed). Curves come from `protofed.Run(path).history` (one row per round and client); a round's
 value is the mean over the clients evaluated in it, as `metrics.jsonl` records it. The band
-around a group's mean curve is the 95 % confidence interval of the mean over its runs,
-mean ± t(0.975, n - 1) · s / √n with s the sample std (ddof = 1); a group of one run has no
-band. Rounds where a class returns to some clients (`data.dynamic`) are dotted lines.
+around a group's mean curve (`band=`, `BANDS`):
+
+- `ci`: the 95 % confidence interval of the mean over its runs, mean ± t(0.975, n - 1) · s / √n
+  with s the sample std (ddof = 1);
+- `std`: mean ± s, the spread of the runs themselves;
+- `none`: no band;
+- `auto` (default): `ci` when every group has n >= 3 runs, else `std`. With n = 2 the t
+  quantile is 12.7, so a 95 % CI is 9 times as wide as s: honest, but a band that fills the
+  axes shows nothing; ±s says how far two seeds lie apart, and the caption says which it is.
+
+A group of one run has no band. The y axis is scaled to the mean curves (a band may reach
+past the means by half their span, no further), so that no band rescales the axes. Rounds
+where a class returns to some clients (`data.dynamic`) are dotted lines. Labels:
+`protofed.report.relabel` (`labels=`); sizes and fonts: `protofed.plots.STYLES` (`style=`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,24 +30,41 @@ import numpy as np
 import pandas as pd
 
 from protofed.api import Run
-from protofed.core.files import check_writable
+from protofed.core.files import atomic_write_text, check_writable
 from protofed.errors import ConfigError
-from protofed.plots import figure_paths, new_figure, new_grid, save_figure
-from protofed.report import Group
+from protofed.plots import (
+    Style,
+    figure_paths,
+    get_style,
+    new_figure,
+    new_grid,
+    save_figure,
+    style_context,
+    style_of,
+)
+from protofed.report import Group, n_suffixes, relabel
 from protofed.runs import PARTITION
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# per-round curves: history column, y label, whether it is a score (shown in %)
+# per-round curves: history column, y label, short y label (paper styles), whether a score
 CURVES = [
-    ("pers_f1", "personalization macro-F1 (%)", True),
-    ("gen_f1", "generalization macro-F1 (%)", True),
-    ("global_f1", "global model macro-F1 (%)", True),
-    ("train_loss", "training loss (log scale, geometric mean)", False),
+    ("pers_f1", "personalization macro-F1 (%)", "pers. F1 (%)", True),
+    ("gen_f1", "generalization macro-F1 (%)", "gen. F1 (%)", True),
+    ("global_f1", "global model macro-F1 (%)", "global F1 (%)", True),
+    ("train_loss", "training loss (log scale, geometric mean)", "training loss", False),
 ]
 CONFIDENCE = 0.95
 BAND_ALPHA = 0.2
+BANDS = ("auto", "std", "ci", "none")
+BAND_TEXT = {
+    "ci": "95 % confidence interval of the mean over seeds (Student's t, n - 1 df)",
+    "std": "mean ± 1 sample std over seeds (ddof = 1)",
+    "none": "no band",
+}
+BAND_SHORT = {"ci": "95 % CI band", "std": "±1 std band", "none": "no band"}
 CURVES_NAME, CLIENTS_NAME, PERS_GEN_NAME = "curves", "clients", "pers_gen"
 
 
@@ -47,9 +75,19 @@ def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
     return float(t.ppf(0.5 + confidence / 2, df))
 
 
-def mean_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per column of runs x rounds: the mean, and the 95 % CI's lower and upper edges (NaN
-    where fewer than two runs have a value)."""
+def choose_band(groups: Sequence[Group], band: str = "auto") -> str:
+    """`band` checked; `auto` resolved: `ci` when every group has n >= 3, else `std`."""
+    if band not in BANDS:
+        raise ConfigError(f"unknown band '{band}' (known: {', '.join(BANDS)})")
+    if band == "auto":
+        return "ci" if groups and min(g.n for g in groups) >= 3 else "std"
+    return band
+
+
+def mean_band(values: np.ndarray, band: str = "ci") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column of runs x rounds: the mean, and the band's lower and upper edges (`ci`: the
+    95 % CI of the mean, `std`: ± the sample std; NaN where fewer than two runs have a value,
+    and everywhere for `none`)."""
     n = np.sum(~np.isnan(values), axis=0)
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a round no run scored: NaN
@@ -60,7 +98,12 @@ def mean_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 for col, k in zip(values.T, n, strict=True)
             ]
         )
-        half = np.array([t_quantile(k - 1) if k > 1 else np.nan for k in n]) * std / np.sqrt(n)
+        if band == "ci":
+            half = np.array([t_quantile(k - 1) if k > 1 else np.nan for k in n]) * std / np.sqrt(n)
+        elif band == "std":
+            half = std
+        else:
+            half = np.full_like(mean, np.nan)
     return mean, mean - half, mean + half
 
 
@@ -101,8 +144,12 @@ def _colors(count: int) -> list:
     return [cmap(i % cmap.N) for i in range(count)]
 
 
-def _legend_label(group: Group) -> str:
-    return f"{group.label} (n={group.n})"
+def legend_labels(groups: Sequence[Group], labels: Mapping[str, str] | None = None) -> list[str]:
+    """Each group's label in a legend: `relabel`'s, with ` (n=K)` when the groups differ
+    in n."""
+    return [
+        f"{label}{n}" for label, n in zip(relabel(groups, labels), n_suffixes(groups), strict=True)
+    ]
 
 
 def _arrivals(groups: Sequence[Group]) -> list[int]:
@@ -116,17 +163,27 @@ def _arrivals(groups: Sequence[Group]) -> list[int]:
     return []
 
 
+def _legend_columns(width_in: float, labels: Sequence[str], fontsize: float) -> int:
+    """As many legend columns as fit `width_in` inches of `fontsize` pt text."""
+    fits = int(width_in * 72 / (fontsize * 0.62))  # characters across the figure
+    longest = max((len(x) for x in labels), default=1) + 6
+    return max(1, min(len(labels), fits // longest))
+
+
 def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
     """One legend for the figure, under the axes (never over the data), in as many columns
     as fit the figure's width."""
-    fits = int(fig.get_figwidth() * 72 / (8 * 0.62))  # characters of 8 pt across the figure
-    longest = max((len(x) for x in labels), default=1) + 6
-    ncols = max(1, min(len(labels), fits // longest))
-    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+    import matplotlib as mpl
+
+    size = float(mpl.rcParams["legend.fontsize"]) if style_of(fig).paper else 8.0
+    ncols = _legend_columns(fig.get_figwidth(), labels, size)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=ncols, fontsize=size, frameon=False
+    )
 
 
 def _tick_label(label: str, width: int = 18) -> str:
-    """A group label over lines: one `key=value` per line, a long one broken after `=`."""
+    """A group label over lines: one part per line, a long `key=value` broken after `=`."""
     lines = []
     for part in label.split(", "):
         key, eq, value = part.partition("=")
@@ -134,72 +191,159 @@ def _tick_label(label: str, width: int = 18) -> str:
     return "\n".join(lines)
 
 
-def learning_curves(groups: Sequence[Group], title: str | None = None) -> Figure:
-    """Pers. F1, gen. F1 and global F1 (where recorded) and the training loss against the
-    round: one line per group (mean over its runs) with its 95 % CI band over runs."""
+def _set_title(obj: Figure | Axes, title: str | None, default: str) -> None:
+    """`title` None: the default title; "": none; else `title`."""
+    from matplotlib.figure import Figure as MplFigure
+
+    text = default if title is None else title
+    if not text:
+        return
+    if isinstance(obj, MplFigure):
+        obj.suptitle(text)
+    else:
+        obj.set_title(text)
+
+
+def _plain(value: float, _pos: int | None = None) -> str:
+    """A tick label as a plain number: 0.2, 1, 30 (never 2 x 10^-1)."""
+    return f"{value:.3g}"
+
+
+def _plain_log_axis(ax: Axes) -> None:
+    """A log y axis whose tick labels are plain numbers, major and (where matplotlib labels
+    them: a range under a decade or so) minor."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter
+
+    class PlainLog(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return _plain(x)
+
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def _limit_to_means(ax: Axes, means: list[np.ndarray], bands: list[np.ndarray], log: bool) -> None:
+    """y limits from the mean curves: a band may add half their span on either side, no
+    more (a 2-seed 95 % CI must not flatten the curves)."""
+    m = np.concatenate([x[np.isfinite(x)] for x in means]) if means else np.array([])
+    if m.size == 0:
+        return
+    f = np.log if log else (lambda x: x)
+    lo, hi = float(np.min(f(m))), float(np.max(f(m)))
+    span = hi - lo if hi > lo else max(abs(hi) * 0.1, 0.05 if log else 1.0)
+    b = np.concatenate([x[np.isfinite(x)] for x in bands]) if bands else np.array([])
+    b = b[b > 0] if log else b
+    blo = float(np.min(f(b))) if b.size else lo
+    bhi = float(np.max(f(b))) if b.size else hi
+    low = max(min(blo, lo), lo - span / 2) - 0.05 * span
+    high = min(max(bhi, hi), hi + span / 2) + 0.05 * span
+    ax.set_ylim(*((np.exp(low), np.exp(high)) if log else (low, high)))
+
+
+def _panel_grid(count: int, groups: int, style: Style) -> tuple[float, float, int, int]:
+    """(width, height, rows, cols) of `count` curve panels in `style`."""
+    cols = min(count, 4) if style.name == "paper-wide" else (1 if count == 1 else 2)
+    rows = -(-count // cols)
+    if not style.paper:
+        return 5.2 * cols, 3.4 * rows + 0.6 + 0.22 * groups, rows, cols
+    width = float(style.width or 3.3)
+    per_row = 1.55 if style.name == "paper" else 1.9
+    return width, per_row * rows + 0.35 + 0.17 * groups / max(1, cols), rows, cols
+
+
+def _draw_curve(
+    ax: Axes, rounds: np.ndarray, values: np.ndarray, color: object, how: tuple[str, bool, bool]
+) -> tuple[object, np.ndarray, np.ndarray]:
+    """One group's mean curve and its band on `ax`: (line, mean, band edges)."""
+    band, score, log_scale = how
+    if log_scale:  # a loss on a log axis: the band of log(loss), which stays positive
+        mean, low, high = np.exp(mean_band(np.log(values), band))
+    else:
+        mean, low, high = mean_band(values * (100.0 if score else 1.0), band)
+    if score:  # a score lies in [0, 100]: so does the part of its band worth drawing
+        low, high = np.clip(low, 0, 100), np.clip(high, 0, 100)
+    few = len(rounds) <= 12  # a run scored a few times: its points, not only a line
+    (line,) = ax.plot(rounds, mean, color=color, marker="o" if few else None)
+    if band != "none" and values.shape[0] > 1 and np.isfinite(low).any():
+        ax.fill_between(rounds, low, high, color=color, alpha=BAND_ALPHA, lw=0)
+    return line, mean, np.concatenate([low, high])
+
+
+def _curve_panels(groups: Sequence[Group]) -> list[tuple[str, str, str, bool, list]]:
     cache: dict[str, pd.DataFrame] = {}
     panels = []
-    for column, label, score in CURVES:
+    for column, label, short, score in CURVES:
         data = [curve_matrix(g, column, cache) for g in groups]
         if any(np.isfinite(v).any() for _, v in data):
-            panels.append((column, label, score, data))
+            panels.append((column, label, short, score, data))
     if not panels:
         runs = ", ".join(str(r["path"]) for g in groups for r in g.runs)
         raise ConfigError(f"nothing to plot: no evaluated round in the metrics.jsonl of {runs}")
-    cols = 1 if len(panels) == 1 else 2
-    rows = (len(panels) + 1) // 2 if cols == 2 else 1
-    fig, flat = new_grid(
-        5.2 * cols, 3.4 * rows + 0.6 + 0.22 * len(groups), rows, cols, layout="constrained"
-    )
-    colors = _colors(len(groups))
-    arrivals = _arrivals(groups)
-    handles: list = []
-    for ax, (column, label, score, data) in zip(flat, panels, strict=False):
-        scale = 100.0 if score else 1.0
-        log_scale = column == "train_loss" and all((v[np.isfinite(v)] > 0).all() for _, v in data)
-        for g, color, (rounds, values) in zip(groups, colors, data, strict=True):
-            if log_scale:  # a loss on a log axis: the band of log(loss), which stays positive
-                mean, low, high = np.exp(mean_band(np.log(values)))
-            else:
-                mean, low, high = mean_band(values * scale)
-            if score:  # a score lies in [0, 100]: so does the part of its band worth drawing
-                low, high = np.clip(low, 0, 100), np.clip(high, 0, 100)
-            few = len(rounds) <= 12  # a run scored a few times: its points, not only a line
-            (line,) = ax.plot(
-                rounds,
-                mean,
-                color=color,
-                lw=1.4,
-                marker="o" if few else None,
-                ms=3,
-                label=_legend_label(g),
+    return panels
+
+
+def learning_curves(
+    groups: Sequence[Group],
+    title: str | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    band: str = "auto",
+    style: str | Style = "screen",
+) -> Figure:
+    """Pers. F1, gen. F1 and global F1 (where recorded) and the training loss against the
+    round: one line per group (mean over its runs) with its band over runs (`band`: auto,
+    std, ci, none). `title`: None the default, "" none (no panel titles either)."""
+    from matplotlib.ticker import MaxNLocator
+
+    chosen, band = get_style(style), choose_band(groups, band)
+    names = legend_labels(groups, labels)
+    panels = _curve_panels(groups)
+    with style_context(chosen):
+        width, height, rows, cols = _panel_grid(len(panels), len(groups), chosen)
+        fig, flat = new_grid(width, height, rows, cols, layout="constrained", style=chosen)
+        colors, arrivals = _colors(len(groups)), _arrivals(groups)
+        handles: list = []
+        for ax, (column, label, short, score, data) in zip(flat, panels, strict=False):
+            log_scale = column == "train_loss" and all(
+                (v[np.isfinite(v)] > 0).all() for _, v in data
             )
-            if g.n > 1 and np.isfinite(low).any():
-                ax.fill_between(rounds, low, high, color=color, alpha=BAND_ALPHA, lw=0)
-            if ax is flat[0]:
-                handles.append(line)
-        for k, rnd in enumerate(arrivals):
-            ax.axvline(
-                rnd, color="grey", ls=":", lw=0.9, label="a class returns" if k == 0 else None
-            )
-        if log_scale:
-            ax.set_yscale("log")
-        ax.set_xlabel("round")
-        ax.set_ylabel(label)
-        ax.set_title(label.split(" (")[0])
-        ax.grid(alpha=0.3)
-    for ax in flat[len(panels) :]:
-        ax.set_visible(False)
-    labels = [h.get_label() for h in handles]
-    if arrivals:
-        handles.append(flat[0].lines[-1])
-        labels.append("a class returns (data.dynamic)")
-    _legend_below(fig, handles, labels)
-    fig.suptitle(title or "Learning curves: mean over runs, 95 % CI band over seeds (t)")
+            means, edges = [], []
+            for color, (rounds, values) in zip(colors, data, strict=True):
+                line, mean, edge = _draw_curve(ax, rounds, values, color, (band, score, log_scale))
+                means.append(mean)
+                edges.append(edge)
+                if ax is flat[0]:
+                    handles.append(line)
+            for k, rnd in enumerate(arrivals):
+                ax.axvline(rnd, color="grey", ls=":", lw=0.9, label="_" if k else "returns")
+            if log_scale:
+                ax.set_yscale("log")
+                _plain_log_axis(ax)
+            _limit_to_means(ax, means, edges, log_scale)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("round")
+            ax.set_ylabel(short if chosen.paper else label)
+            if title != "" and not chosen.paper:
+                ax.set_title(label.split(" (")[0])
+            ax.grid(alpha=0.3)
+        for ax in flat[len(panels) :]:
+            ax.set_visible(False)
+        shown = list(names)
+        if arrivals:
+            handles.append(flat[0].lines[-1])
+            shown.append("a class returns (data.dynamic)")
+        _legend_below(fig, handles, shown)
+        _set_title(fig, title, f"Learning curves: mean over seeds, {BAND_SHORT[band]}")
     return fig
 
 
-def client_distributions(groups: Sequence[Group], title: str | None = None) -> Figure:
+def client_distributions(
+    groups: Sequence[Group],
+    title: str | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    style: str | Style = "screen",
+) -> Figure:
     """Each client's personalization F1 at the reported round, per group (the clients of all
     its runs): a box plot with every client as a point."""
     cache: dict[str, pd.DataFrame] = {}
@@ -211,78 +355,149 @@ def client_distributions(groups: Sequence[Group], title: str | None = None) -> F
             at = h[h["round"] == r["round"]]
             vals += [100 * v for v in pd.to_numeric(at["pers_f1"], errors="coerce").dropna()]
         data.append(np.array(vals))
-    width = min(max(4.5, 1.4 * len(groups) + 2.5), 16.0)
-    fig, ax = new_figure(width, 4.6, layout="constrained")
-    colors = _colors(len(groups))
-    positions = np.arange(1, len(groups) + 1)
-    ax.boxplot(
-        data, positions=positions, widths=0.55, showfliers=False, medianprops={"color": "black"}
-    )
-    rng = np.random.default_rng(0)  # jitter only: where a point sits sideways means nothing
-    for pos, scores, color in zip(positions, data, colors, strict=True):
-        ax.scatter(
-            pos + rng.uniform(-0.18, 0.18, len(scores)),
-            scores,
-            s=12,
-            color=color,
-            alpha=0.7,
-            zorder=3,
-            edgecolors="none",
+    chosen = get_style(style)
+    names = [_tick_label(x) for x in relabel(groups, labels)]
+    names = [
+        f"{x}\n{n.strip()}" if n else x for x, n in zip(names, n_suffixes(groups), strict=True)
+    ]
+    with style_context(chosen):
+        if chosen.paper:
+            size = (float(chosen.width or 3.3), 2.4 if chosen.name == "paper" else 2.6)
+        else:
+            size = (min(max(4.5, 1.4 * len(groups) + 2.5), 16.0), 4.6)
+        fig, ax = new_figure(*size, layout="constrained", style=chosen)
+        positions = np.arange(1, len(groups) + 1)
+        ax.boxplot(
+            data, positions=positions, widths=0.55, showfliers=False, medianprops={"color": "black"}
         )
-    ax.set_xticks(positions, [f"{_tick_label(g.label)}\n(n={g.n})" for g in groups])
-    if len(groups) > 6:
-        ax.tick_params(axis="x", labelrotation=30)
-    ax.set_xlabel("group (n = runs)")
-    ax.set_ylabel("personalization macro-F1 per client (%)")
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_title(title or "Per-client personalization F1, clients of all seeds", fontsize=10)
+        rng = np.random.default_rng(0)  # jitter only: where a point sits sideways means nothing
+        for pos, scores, color in zip(positions, data, _colors(len(groups)), strict=True):
+            ax.scatter(
+                pos + rng.uniform(-0.18, 0.18, len(scores)),
+                scores,
+                s=6 if chosen.paper else 12,
+                color=color,
+                alpha=0.7,
+                zorder=3,
+                edgecolors="none",
+            )
+        ax.set_xticks(positions, names)
+        if len(groups) > (3 if chosen.name == "paper" else 6):
+            ax.tick_params(axis="x", labelrotation=30)
+        ax.set_ylabel(
+            "pers. F1 per client (%)" if chosen.paper else "personalization macro-F1 per client (%)"
+        )
+        ax.grid(axis="y", alpha=0.3)
+        _set_title(ax, title, "Per-client personalization F1, clients of all seeds")
     return fig
 
 
-def pers_vs_gen(groups: Sequence[Group], title: str | None = None) -> Figure | None:
+def pers_vs_gen(
+    groups: Sequence[Group],
+    title: str | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    style: str | Style = "screen",
+) -> Figure | None:
     """Personalization F1 against generalization F1: one point per run, a large marker per
     group mean. None when no run has generalization scores."""
     if not any(r.get("gen_f1") is not None for g in groups for r in g.runs):
         return None
-    fig, ax = new_figure(6.4, 4.8 + 0.22 * len(groups), layout="constrained")
-    handles = []
-    for g, color in zip(groups, _colors(len(groups)), strict=True):
-        pts = [(r["gen_f1"], r["pers_f1"]) for r in g.runs if r.get("gen_f1") is not None]
-        if not pts:
-            continue
-        x, y = np.array(pts).T
-        ax.scatter(x, y, color=color, s=22, alpha=0.6, edgecolors="none")
-        handles.append(
-            ax.scatter(
+    chosen = get_style(style)
+    names = legend_labels(groups, labels)
+    with style_context(chosen):
+        if chosen.paper:
+            width = float(chosen.width or 3.3)
+            size = (width, min(width, 3.3) * 0.8 + 0.17 * len(groups))
+        else:
+            size = (6.4, 4.8 + 0.22 * len(groups))
+        fig, ax = new_figure(*size, layout="constrained", style=chosen)
+        handles, shown = [], []
+        for g, color, name in zip(groups, _colors(len(groups)), names, strict=True):
+            pts = [(r["gen_f1"], r["pers_f1"]) for r in g.runs if r.get("gen_f1") is not None]
+            if not pts:
+                continue
+            x, y = np.array(pts).T
+            ax.scatter(x, y, color=color, s=12 if chosen.paper else 22, alpha=0.6, lw=0)
+            mean = ax.scatter(
                 [x.mean()],
                 [y.mean()],
                 color=color,
-                s=110,
+                s=50 if chosen.paper else 110,
                 marker="D",
                 edgecolors="black",
                 linewidths=0.8,
                 zorder=3,
-                label=_legend_label(g),
             )
+            handles.append(mean)
+            shown.append(name)
+        ax.set_xlabel("generalization macro-F1 (%)")
+        ax.set_ylabel("personalization macro-F1 (%)")
+        ax.grid(alpha=0.3)
+        _legend_below(fig, handles, shown)
+        _set_title(
+            ax, title, "Personalization vs generalization:\nruns (dots), group means (diamonds)"
         )
-    ax.set_xlabel("generalization macro-F1 (%)")
-    ax.set_ylabel("personalization macro-F1 (%)")
-    ax.grid(alpha=0.3)
-    _legend_below(fig, handles, [str(h.get_label()) for h in handles])
-    ax.set_title(
-        title or "Personalization vs generalization:\nruns (dots), group means (diamonds)",
-        fontsize=10,
-    )
     return fig
 
 
-def figures(groups: Sequence[Group]) -> dict[str, Figure]:
-    """Every figure of `report --plot`, by the suffix of its file name."""
-    out = {CURVES_NAME: learning_curves(groups), CLIENTS_NAME: client_distributions(groups)}
-    pg = pers_vs_gen(groups)
+def figures(
+    groups: Sequence[Group],
+    *,
+    labels: Mapping[str, str] | None = None,
+    band: str = "auto",
+    style: str | Style = "screen",
+    title: str | None = None,
+) -> dict[str, Figure]:
+    """Every figure of `report --plot`, by the suffix of its file name. `title`: None each
+    figure's default title, "" none, else this text on each."""
+    relabel(groups, labels)  # a bad label fails before any figure is drawn
+    out = {
+        CURVES_NAME: learning_curves(groups, title, labels=labels, band=band, style=style),
+        CLIENTS_NAME: client_distributions(groups, title, labels=labels, style=style),
+    }
+    pg = pers_vs_gen(groups, title, labels=labels, style=style)
     if pg is not None:
         out[PERS_GEN_NAME] = pg
     return out
+
+
+def caption(
+    groups: Sequence[Group], drawn: Mapping[str, Figure], band: str, which: str | int
+) -> dict[str, str]:
+    """The text under each figure of `figures`: what a line, a band, a point is, and n."""
+    band = choose_band(groups, band)
+    ns = sorted({g.n for g in groups})
+    n_text = (
+        f"n = {ns[0]} run{'s' if ns[0] > 1 else ''} (seeds) per group"
+        if len(ns) == 1
+        else "n = runs (seeds) of each group, in its label"
+    )
+    when = f"round {which}" if isinstance(which, int) else f"the {which} round"
+    single = " (a group of one run has none)" if band != "none" else ""
+    texts = {
+        CURVES_NAME: f"Learning curves: each line the mean over a group's runs of the mean over "
+        f"its clients; band: {BAND_TEXT[band]}{single}; {n_text}.",
+        CLIENTS_NAME: f"Personalization macro-F1 of each client at {when}, the clients of all "
+        f"runs of a group: box (quartiles, median) and one point per client; {n_text}.",
+        PERS_GEN_NAME: f"Personalization against generalization macro-F1 at {when}: one dot per "
+        f"run, a diamond per group mean; {n_text}.",
+    }
+    return {name: texts[name] for name in drawn}
+
+
+def write_captions(
+    captions: Mapping[str, str], prefix: str | Path, written: Sequence[Path]
+) -> Path:
+    """PREFIX-figures.md: each figure (its PNG) with its caption, ready to paste."""
+    prefix, path = Path(prefix), captions_path(prefix)
+    lines = [f"# Figures of {prefix.name}", ""]
+    for name, text in captions.items():
+        png = f"{prefix.name}-{name}.png"
+        if any(p.name == png for p in written):
+            lines += [f"![{name}]({png})", "", f"**{name}.** {text}", ""]
+    atomic_write_text(path, "\n".join(lines))
+    return path
 
 
 def figure_prefixes(drawn: dict[str, Figure], prefix: str | Path) -> dict[str, Path]:
@@ -305,6 +520,13 @@ def check_figures_writable(drawn: dict[str, Figure], prefix: str | Path) -> None
     for target in figure_prefixes(drawn, prefix).values():
         for path in figure_paths(target):
             check_writable(path)
+    check_writable(captions_path(prefix))
+
+
+def captions_path(prefix: str | Path) -> Path:
+    """PREFIX-figures.md: the figures with their captions (`write_captions`)."""
+    prefix = Path(prefix)
+    return prefix.with_name(f"{prefix.name}-figures.md")
 
 
 def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int) -> list[Path]:
@@ -319,7 +541,7 @@ def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int
     when = f"round {which}" if isinstance(which, int) else f"{which} round"
     paths: list[Path] = []
     for name, fig in drawn.items():
-        if name != CURVES_NAME:
-            fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})", fontsize=10)
+        if name != CURVES_NAME and fig.axes[0].get_title():  # title="": none added
+            fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})")
         paths += save_figure(fig, targets[name])
     return paths
