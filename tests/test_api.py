@@ -150,7 +150,7 @@ def test_a_run_that_never_beats_chance_warns_the_python_caller(tmp_path) -> None
             return FitResult({MODEL: client.weights()}, client.train_model())
 
     try:
-        with pytest.warns(RuntimeWarning, match="never beat chance.*`fit` trains before"):
+        with pytest.warns(RuntimeWarning, match="never beat chance.*try more rounds.*train.lr"):
             run = protofed.run(DIGITS, tmp_path / "r", algorithm={"name": "copies_first"})
         assert run.summary.warnings and "never beat chance" in run.summary.warnings[0]
     finally:
@@ -241,3 +241,85 @@ def test_a_gpu_runs_models_load_where_there_is_no_gpu(ditto_run, tmp_path) -> No
     assert run.config.train.device == "cuda" and run.device.type == "cpu"
     ours, theirs = run.client_model(0).state_dict(), ditto_run.client_model(0).state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_client_data_is_what_the_run_trained_and_was_scored_on(ditto_run) -> None:
+    """Every client's splits: the sizes partition.json recorded, the very tensors
+    `build_federated` makes from the run's config (seeded: rebuilt identical)."""
+    import json
+
+    from protofed.data.federated import build_federated
+
+    part = json.loads((ditto_run.path / "partition.json").read_text())
+    cfg = ditto_run.config
+    fed = build_federated(cfg.data, cfg.seed)
+    for i, recorded in enumerate(part["clients"]):
+        for split in ("train", "val", "test"):
+            x, y = ditto_run.client_data(i, split)
+            assert len(x) == len(y) == recorded[split]
+            assert torch.equal(x, getattr(fed.clients[i], f"{split}_x"))
+            assert torch.equal(y, getattr(fed.clients[i], f"{split}_y"))
+
+
+def test_client_data_faults_are_one_line_errors(ditto_run, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"client 4 is not in this run \(0\.\.3\)"):
+        ditto_run.client_data(4)
+    with pytest.raises(ConfigError, match="split 'holdout' is not one of train, val, test"):
+        ditto_run.client_data(0, "holdout")
+    # data read from a root that is gone: the root and data_dir= named, on one line
+    copy = tmp_path / "moved"
+    shutil.copytree(ditto_run.path, copy)
+    config = copy / "config.yaml"
+    text = config.read_text().replace("name: digits", "name: arrays", 1)
+    config.write_text(text.replace("  path: null\n", f"  path: {tmp_path / 'gone.npz'}\n", 1))
+    with pytest.raises(ConfigError) as err:
+        protofed.load_run(copy).client_data(0, data_dir=tmp_path / "nowhere")
+    message = str(err.value)
+    assert "\n" not in message and "data root" in message and "data_dir=" in message
+
+
+def test_predict_is_the_client_models_argmax(ditto_run) -> None:
+    """`predict` labels as the client's model does, and reproduces the personalization
+    accuracy the run recorded; batching does not change an MLP's labels."""
+    last = ditto_run.history.query("round == 3").set_index("client")
+    for i in range(4):
+        x, y = ditto_run.client_data(i, "test")
+        pred = ditto_run.predict(i, x)
+        with torch.no_grad():
+            expected = ditto_run.client_model(i)(x).argmax(1)
+        assert pred.dtype == torch.int64 and torch.equal(pred, expected)
+        assert torch.equal(ditto_run.predict(i, x, batch_size=3), pred)
+        acc = int((pred == y).sum()) / len(y)
+        assert acc == pytest.approx(last.loc[i, "pers_acc"], abs=1e-9)
+    with pytest.raises(ConfigError, match="client 9 is not in this run"):
+        ditto_run.predict(9, x)
+
+
+def test_scores_are_fractions_and_history_uses_the_reports_names(ditto_run) -> None:
+    """One unit in the Python API (fractions in [0, 1]); the report's columns (%) carry
+    the same names as `history`'s and `REPORT_COLUMNS` maps the summary's fields to them."""
+    from protofed.api import REPORT_COLUMNS
+    from protofed.report import METRICS, run_row
+
+    h = ditto_run.history
+    scores = ["pers_acc", "pers_f1", "gen_acc", "gen_f1", "val_acc", "val_f1"]
+    scores += ["global_acc", "global_f1"]
+    values = h[[c for c in scores if h[c].notna().any()]].to_numpy(dtype=float)
+    assert ((values >= 0) & (values <= 1)).all()
+    final = ditto_run.summary.final
+    for record in ditto_run.summary.final, ditto_run.summary.selected:
+        for part in (record.personalization, record.generalization):
+            assert part is not None and 0 <= part.acc <= 1 and 0 <= part.f1 <= 1
+    report_names = {name for name, _, _ in METRICS}
+    shared = {"round", "pers_acc", "pers_f1", "gen_acc", "gen_f1", "train_loss"}
+    shared |= {"global_acc", "global_f1"}
+    assert shared <= set(h.columns) & report_names
+    assert set(REPORT_COLUMNS.values()) <= report_names
+    row = run_row(ditto_run.path, which="final")
+    for field, column in REPORT_COLUMNS.items():
+        section, key = field.split(".")
+        part = getattr(final, section)
+        if part is not None and getattr(part, key) is not None:
+            assert row[column] == pytest.approx(100 * getattr(part, key))
+    last = h[h["round"] == final.round]
+    assert row["pers_f1"] == pytest.approx(100 * last["pers_f1"].mean())

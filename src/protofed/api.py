@@ -7,9 +7,21 @@
     model = run.client_model(3) # client 3's personalized model, a ready torch.nn.Module
     again = protofed.load_run(run.path)
 
+    x, y = run.client_data(3, "test")   # the tensors client 3 was scored on
+    run.predict(3, x)           # its personalized model's class predictions
+
 Every run, from Python or from the CLI, writes the same run directory (config.yaml,
 partition.json, metrics.jsonl, checkpoint.pt, summary.json), and `Run` reads only that
 directory: a run made on another machine or by the CLI opens the same way.
+
+Units: every score in the Python API is a fraction in [0, 1] (`Summary`, `RoundRecord`,
+`Run.history`), as in metrics.jsonl and summary.json; the CLI's tables and `protofed
+report` show the same scores in percent (they say so). Names: `Run.history`'s columns are
+the report's where they mean the same thing (`pers_acc`, `pers_f1`, `gen_acc`, `gen_f1`,
+`global_acc`, `global_f1`, `train_loss`, `round`; per client there, the mean over clients
+in the report), and a `Summary` field maps to a report column as in `REPORT_COLUMNS`
+(`summary.final.personalization.f1` is the report's `pers_f1` of the final round, in %
+there; `summary.selected...` the selected round's, what `protofed report` shows by default).
 """
 
 from __future__ import annotations
@@ -33,12 +45,29 @@ if TYPE_CHECKING:
 
     from protofed.algorithms import Algorithm
     from protofed.core.results import RoundInfo
+    from protofed.data.federated import FederatedData
     from protofed.engines import Engine
     from protofed.models.base import FedModel
     from protofed.runtime.loop import OnRound, RoundLoop
     from protofed.tracking import Tracking
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig | None
+
+SPLITS = ("train", "val", "test")
+"""The splits of a client's data (`Run.client_data`)."""
+REPORT_COLUMNS: dict[str, str] = {
+    "personalization.acc": "pers_acc",
+    "personalization.f1": "pers_f1",
+    "personalization.f1_std": "pers_f1_client_std",
+    "generalization.acc": "gen_acc",
+    "generalization.f1": "gen_f1",
+    "generalization.f1_std": "gen_f1_client_std",
+    "global_.acc": "global_acc",
+    "global_.f1": "global_f1",
+}
+"""A `ReportedRound`'s score (`summary.final` or `summary.selected`, e.g.
+`summary.final.personalization.f1`) -> the `protofed report` column that shows it (there in
+%, here a fraction). `Run.history` uses the same names for each client's own scores."""
 
 
 def resolve_config(config: ConfigLike = None, **overrides: Any) -> ExperimentConfig:
@@ -91,6 +120,8 @@ class Run:
         self.path: Path = self.dir.path
         self._built: tuple[FedModel, Algorithm] | None = None
         self._checkpoint: dict | None = None
+        self._fed: FederatedData | None = None
+        self._models: dict[int, torch.nn.Module] = {}
 
     def __repr__(self) -> str:
         state = "complete" if self.dir.complete else "incomplete"
@@ -133,7 +164,13 @@ class Run:
     @property
     def history(self) -> pd.DataFrame:
         """One row per evaluated round and client: its personalization, generalization and
-        validation scores, with the round's global score, train loss and server metrics."""
+        validation scores, with the round's global score, train loss and server metrics.
+
+        Scores are fractions in [0, 1] (None where not computed). The columns `round`,
+        `pers_acc`, `pers_f1`, `gen_acc`, `gen_f1`, `global_acc`, `global_f1` and
+        `train_loss` carry the names of `protofed report`'s columns (which show the mean
+        over clients, in %); `val_acc`, `val_f1` (validation), `client`, `client_name` and
+        `server.<metric>` have none there."""
         import pandas as pd
 
         names = self.client_names
@@ -235,6 +272,96 @@ class Run:
         message = algorithm.configure(ckpt["server"], client, last + 1)
         state = ckpt["clients"].get(str(client), {})
         return self._module(algorithm.client_model(message, state))
+
+    # data and predictions ----------------------------------------------------------------
+    def _federation(self, data_dir: str | Path | None) -> FederatedData:
+        """The federation rebuilt as the run built it: its config (seeded), from its data root
+        (or `data_dir`, else $PROTOFED_DATA), checked against partition.json's sizes."""
+        import os
+
+        if self._fed is not None and data_dir is None:
+            return self._fed
+        from protofed.data.federated import build_federated
+        from protofed.runtime.prepare import with_data_root
+
+        cfg = self.config
+        where = data_dir if data_dir is not None else os.environ.get("PROTOFED_DATA") or None
+        if where is not None:
+            cfg = with_data_root(cfg, Path(where).expanduser().absolute())
+        root = f"data root {cfg.data.dir}" if cfg.data.dir is not None else "the default data root"
+        hint = "pass data_dir= where its data are now"
+        try:
+            fed = build_federated(cfg.data, cfg.seed)
+        except (ConfigError, OSError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"{self.path}: cannot rebuild the clients' data from {root} ({reason}); {hint}"
+            ) from None
+        part = self.dir.read_json(PARTITION)
+        with reading(self.path / PARTITION):
+            recorded = [{s: int(c[s]) for s in SPLITS} for c in part["clients"]]
+        if [c.sizes() for c in fed.clients] != recorded:
+            raise ConfigError(
+                f"{self.path}: the data under {root} split into other clients than "
+                f"the run's ({PARTITION}): not the data it ran on; {hint}"
+            )
+        self._fed = fed
+        return fed
+
+    def client_data(
+        self, client: int, split: str = "test", *, data_dir: str | Path | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs and labels (x, y) that client `client` trained on (`split="train"`),
+        selected rounds with (`"val"`) or was scored on (`"test"`), as CPU tensors.
+
+        Rebuilt from the run's config and data root the way the run built them (the
+        partition and the splits are seeded, so they are identical; checked against
+        partition.json's sizes), loaded once per `Run`. `data_dir`: where the data are now,
+        if not where the run recorded (else $PROTOFED_DATA). With `data.dynamic` the split
+        is the whole of it (a round trained on part of it). A bad client or split, or data
+        that cannot be loaded, is a one-line ConfigError.
+        """
+        if split not in SPLITS:
+            raise ConfigError(f"split '{split}' is not one of {', '.join(SPLITS)}")
+        num = self._num_clients()
+        if isinstance(client, bool) or not isinstance(client, int) or not 0 <= client < num:
+            raise ConfigError(f"client {client!r} is not in this run (0..{num - 1})")
+        data = self._federation(data_dir).clients[client]
+        return getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+
+    def predict(
+        self, client: int, x: torch.Tensor, *, batch_size: int | None = None
+    ) -> torch.Tensor:
+        """Client `client`'s personalized model's (`client_model`) class predictions for the
+        inputs `x` (a CPU int64 tensor, one label a row of `x`): in eval mode, without
+        gradients, in batches of `batch_size` (default: the run's `eval.batch_size`) from the
+        start of `x`, in fp32, the model's output's argmax.
+
+        Models whose predictions depend on the batch (`FedModel.batch_dependent`, e.g.
+        FedAli's ALP layers, which balance a Sinkhorn assignment over the batch) give other
+        labels for another batching: to reproduce the run's personalization scores pass the
+        client's own test split whole (`client_data(i, "test")`) with the default batch
+        size, as the evaluation predicts it; a single sample, or inputs mixed with other
+        clients', may be labelled differently."""
+        import torch
+
+        from protofed.training.loop import predict
+
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f"predict takes a torch.Tensor of inputs, not {type(x).__name__}")
+        if client not in self._models:
+            self._models = {client: self.client_model(client)}  # the latest client's only
+        model = self._models[client]
+        size = batch_size if batch_size is not None else self.config.eval.batch_size
+        if size < 1:
+            raise ConfigError(f"batch_size must be at least 1 (got {size})")
+        device = next(model.parameters()).device
+        return predict(model, x.to(device, torch.float32), size).cpu()
+
+    def _num_clients(self) -> int:
+        part = self.dir.read_json(PARTITION)
+        with reading(self.path / PARTITION):
+            return int(part["num_clients"])
 
     def global_model(self) -> torch.nn.Module | None:
         """The server's model after the last checkpointed round, or None for methods without."""

@@ -111,8 +111,9 @@ def chance_warnings(history: list[RoundRecord], fed: FederatedData) -> list[str]
     """A warning when no evaluated round's validation accuracy beat chance.
 
     Chance is the better of uniform guessing and predicting each client's most frequent
-    validation class (their mean over clients); one point of margin. Features left on raw
-    scales (data.standardize=false) or a learning rate far off are the usual causes.
+    validation class (their mean over clients); one point of margin. Worded for whoever runs
+    the experiment: too few rounds, a learning rate far off, no momentum, or features left on
+    raw scales (data.standardize=false) are the usual causes.
     """
     counts = fed.counts_by_split()["val"]
     sizes = counts.sum(axis=1)
@@ -125,6 +126,7 @@ def chance_warnings(history: list[RoundRecord], fed: FederatedData) -> list[str]
         return []
     return [
         f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %): "
-        "check data.standardize, train.lr, the model, and that the algorithm's `fit` trains "
-        "before it copies the weights it replies with"
+        "the models did not learn; try more rounds (train.rounds), another learning rate "
+        "(train.lr, e.g. 10x lower or higher), momentum (train.momentum=0.9) and "
+        "standardized features (data.standardize=true)"
     ]
