@@ -378,3 +378,177 @@ def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):
     result = runner.invoke(app, ["embed", str(out), "--other-data", "wisdm", *data])  # a member
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and "the run's own data set" in text, text
+
+
+# figures ready for a paper: labels, bands, ticks, titles, styles (docs/reporting.md) --------
+def _pdf_strings(path: Path) -> str:
+    """The text a PDF shows (both of matplotlib's font types), as the path scan reads it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "scan", Path(__file__).with_name("test_no_machine_paths.py")
+    )
+    assert spec is not None and spec.loader is not None
+    scan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scan)
+    return scan.pdf_text(path.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory, shared_data) -> Path:
+    """fedavg and local, 2 seeds each, 3 rounds, in a sweep's layout (`<entry>_s<seed>`)."""
+    root = tmp_path_factory.mktemp("seeded")
+    threads = torch.get_num_threads()
+    base = [*SMALL, f"data.dir={shared_data}", "train.rounds=3"]
+    for algo in ("fedavg", "local"):
+        for seed in (0, 1):
+            cfg = load_config(None, [*base, f"algorithm.name={algo}", f"seed={seed}"])
+            start(cfg, root / f"{algo}_s{seed}").run()
+    torch.set_num_threads(threads)
+    return root
+
+
+def _groups(root: Path):
+    from protofed.report import collect, group_runs
+
+    return group_runs(collect([root], "selected", []), "auto")
+
+
+def _bands(ax) -> int:
+    from matplotlib.collections import PolyCollection
+
+    return sum(isinstance(c, PolyCollection) for c in ax.collections)
+
+
+def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
+    """--label, --band none, --title '', --style paper: the legend holds only the given
+    labels, no band, whole-number round ticks, no title; the caption says the band."""
+    out = tmp_path / "paper"
+    args = ["report", str(seeded), "--plot", "--out", str(out), "--style", "paper"]
+    labels = ["--label", "fedavg*=FedAvg", "--label", "local=Local only"]
+    result = runner.invoke(app, [*args, *labels, "--band", "none", "--title", ""])
+    assert result.exit_code == 0, result.output
+    text = _pdf_strings(Path(f"{out}-curves.pdf"))
+    assert "FedAvg" in text and "Local only" in text
+    assert "algorithm.name" not in text and "fedavg_s0" not in text
+    assert "Learning curves" not in text  # title=""
+    caption = Path(f"{out}-figures.md").read_text()
+    assert "band: no band" in caption and "n = 2 runs (seeds) per group" in caption
+
+    from matplotlib.ticker import MaxNLocator
+
+    from protofed.plots.curves import figures
+
+    groups = _groups(seeded)
+    drawn = figures(
+        groups, labels={"fedavg*": "FedAvg", "local": "Local only"}, band="none", title=""
+    )
+    fig = drawn["curves"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["FedAvg", "Local only"]
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert all(_bands(ax) == 0 for ax in visible)
+    assert fig._suptitle is None and all(ax.get_title() == "" for ax in visible)
+    for ax in visible:
+        assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
+        ticks = [x for x in ax.get_xticks() if ax.get_xlim()[0] <= x <= ax.get_xlim()[1]]
+        assert ticks and all(float(x).is_integer() for x in ticks)
+    gen = [t.get_text() for t in drawn["pers_gen"].legends[0].get_texts()]
+    assert gen == ["FedAvg", "Local only"]
+    assert drawn["clients"].axes[0].get_title() == ""
+    import matplotlib.pyplot as plt
+
+    for f in drawn.values():
+        plt.close(f)
+
+
+def test_bands_default_to_std_for_two_seeds_and_stay_inside_the_means(seeded):
+    """auto is ±1 std for n = 2 (one PolyCollection per group and panel); ci draws the t
+    band, yet the axes still show the curves, not a band 12.7 s wide."""
+    import matplotlib.pyplot as plt
+
+    from protofed.plots.curves import choose_band, learning_curves, mean_band
+
+    groups = _groups(seeded)
+    assert choose_band(groups) == "std"
+    for band in ("auto", "ci", "std"):
+        fig = learning_curves(groups, band=band)
+        pers = fig.axes[0]
+        assert _bands(pers) == 2
+        means = np.concatenate([line.get_ydata() for line in pers.lines])
+        low, high = pers.get_ylim()
+        span = means.max() - means.min()
+        assert low >= means.min() - 0.6 * span and high <= means.max() + 0.6 * span
+        assert (
+            "std" in fig._suptitle.get_text() if band != "ci" else "CI" in fig._suptitle.get_text()
+        )
+        plt.close(fig)
+    values = np.array([[1.0, 2.0], [3.0, 6.0]])
+    mean, low, high = mean_band(values, "std")
+    np.testing.assert_allclose(high - mean, values.std(0, ddof=1))
+
+
+def test_labels_are_short_and_never_a_path(seeded):
+    """Without --label: the run folders' entry names; from config keys: their last parts,
+    a switch as on/off, a path as its file name. A label that names no group is an error."""
+    from protofed.errors import ConfigError
+    from protofed.plots.curves import legend_labels
+    from protofed.report import Group, parse_labels, readable_labels, relabel
+
+    groups = _groups(seeded)
+    assert legend_labels(groups) == ["fedavg", "local"]
+    a = Group(
+        "x",
+        {
+            "algorithm.name": "fedali",
+            "model.alp.enabled": True,
+            "model.init": "/work/main/runs/pretrain/hhar_e10.safetensors",
+        },
+    )
+    b = Group("y", {"algorithm.name": "fedavg", "model.alp.enabled": False, "model.init": None})
+    a.runs, b.runs = [{"run": "p/fedali_s0"}, {"run": "q/fedali_s1"}], [{"run": "r/fedavg_s0"}]
+    keys = ["algorithm.name", "model.alp.enabled", "model.init"]
+    assert readable_labels([a, b], keys) == [
+        "fedali, alp on, init=hhar_e10.safetensors",
+        "fedavg, alp off, init=none",
+    ]
+    a.short, b.short = readable_labels([a, b], keys)
+    assert legend_labels([a, b]) == [
+        "fedali, alp on, init=hhar_e10.safetensors (n=2)",
+        "fedavg, alp off, init=none (n=1)",
+    ]
+    assert relabel([a, b], {"fedali": "FedAli"})[0] == "FedAli"
+    assert parse_labels(["x=A=B"], [a, b]) == {"x": "A=B"}
+    with pytest.raises(ConfigError, match="names no group"):
+        relabel(groups, {"nothing*": "X"})
+    with pytest.raises(ConfigError, match="names 2 groups"):
+        relabel(groups, {"*": "X"})
+    with pytest.raises(ConfigError, match="is a path"):
+        relabel(groups, {"fedavg": "/work/main/runs/fedavg"})
+
+
+def test_paper_style_sizes_a_column_and_plain_log_ticks(seeded, tmp_path):
+    """paper: 3.3 in wide, 8-9 pt text, TrueType fonts in the PDF; the loss axis has plain
+    tick labels; the style is an rc context: matplotlib's rcParams are left as they were."""
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    from protofed.plots.curves import learning_curves
+
+    before = dict(mpl.rcParams)
+    fig = learning_curves(_groups(seeded), style="paper")
+    assert fig.get_figwidth() == pytest.approx(3.3)
+    loss = [ax for ax in fig.axes if ax.get_visible()][-1]
+    assert loss.get_yscale() == "log"
+    fig.canvas.draw()
+    sizes = {t.get_fontsize() for t in loss.get_yticklabels() + loss.get_xticklabels()}
+    assert sizes and all(8 <= s <= 9 for s in sizes)
+    shown = [t.get_text() for t in loss.get_yticklabels(which="both") if t.get_text()]
+    assert shown and not any("times" in s or "^" in s or "10^" in s for s in shown)
+    assert all(float(s) > 0 for s in shown)
+    paths = save_figure(fig, tmp_path / "c")
+    assert b"/FontFile2" in paths[1].read_bytes()  # TrueType (Type 42), not Type 3
+    assert dict(mpl.rcParams) == before
+    wide = learning_curves(_groups(seeded), style="paper-wide")
+    assert wide.get_figwidth() == pytest.approx(7.0)
+    plt.close(wide)
