@@ -232,3 +232,65 @@ def test_info_lists_hyperparameters():
     result = runner.invoke(app, ["info", "fedprox"])
     assert result.exit_code == 0 and "mu" in result.output and "0.01" in result.output
     assert runner.invoke(app, ["info", "fedproxx"]).exit_code == 2
+
+
+def _natural_npz(path):
+    """A small labelled set of 5 natural groups (subjects), 3 classes, 8 features."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.tile(np.arange(3), 100)
+    X = (rng.normal(size=(300, 8)) + y[:, None]).astype(np.float32)
+    np.savez(path, X=X, y=y, group=np.repeat(np.arange(5), 60))
+    return path
+
+
+def _kill_at(stop: int):
+    class Killed(Exception):
+        pass
+
+    def kill(r, info, record):
+        if r == stop:
+            raise Killed
+
+    return Killed, kill
+
+
+def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
+    """5 groups, data.num_clients left at 10: config.yaml says 5 (and so does the summary);
+    killed after its checkpoint, it resumes; a run written before (config.yaml and the
+    checkpoint's fingerprint holding the configured 10) still resumes too."""
+    import shutil
+
+    import torch
+    import yaml
+
+    import protofed
+
+    data = {"name": "arrays", "path": str(_natural_npz(tmp_path / "g.npz"))}
+    config = {
+        "data": {**data, "partition": "natural"},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"rounds": 3, "checkpoint_every": 1, "threads": 1},
+    }
+    out = tmp_path / "new"
+    Killed, kill = _kill_at(2)
+    with pytest.raises(Killed):
+        protofed.run(config, out, on_round=kill)
+    written = yaml.safe_load((out / "config.yaml").read_text())
+    assert written["data"]["num_clients"] == 5 and written["data"]["partition"] == "natural"
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    # the same run as an earlier version wrote it: the configured count in both places
+    cfg = old / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("num_clients: 5", "num_clients: 10", 1))
+    ckpt = torch.load(old / "checkpoint.pt", weights_only=False)
+    fp = json.loads(ckpt["fingerprint"]["config"])
+    assert fp["data.num_clients"] == 5
+    fp["data.num_clients"] = 10
+    ckpt["fingerprint"]["config"] = json.dumps(fp, sort_keys=True)
+    torch.save(ckpt, old / "checkpoint.pt")
+    for path in (out, old):
+        done = protofed.resume(path)
+        assert done.summary.num_clients == 5 and done.summary.rounds == 3
+    assert protofed.load_run(out).history.equals(protofed.load_run(old).history)

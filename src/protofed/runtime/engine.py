@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -30,9 +31,23 @@ def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
     return RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport), run_dir)
 
 
+def recorded_count(prepared: Prepared) -> Prepared:
+    """`prepared` with `data.num_clients` the clients it built: a natural partition of 5
+    groups writes `num_clients: 5` into config.yaml whatever the config said (one client a
+    group; the key does not change that partition). The checkpoint's fingerprint is made from
+    this config too, so a new run resumes against the count it recorded, and a run written
+    before (its config.yaml and fingerprint both hold the configured count) resumes as well."""
+    built = len(prepared.fed.clients)
+    if prepared.cfg.data.partition != "natural" or prepared.cfg.data.num_clients == built:
+        return prepared
+    cfg = prepared.cfg.model_copy(deep=True)
+    cfg.data.num_clients = built
+    return dataclasses.replace(prepared, cfg=cfg)
+
+
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Validate and build everything, then create the run directory."""
-    prepared = prepare(cfg)
+    prepared = recorded_count(prepare(cfg))
     run = RunDir.create(
         out,
         prepared.cfg.to_dict(),
