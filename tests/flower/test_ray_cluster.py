@@ -157,7 +157,7 @@ def test_a_simulation_on_two_ray_nodes_equals_the_builtin_engine(cluster, tmp_pa
     assert run.wait(timeout=120) == 0, log.read_text()[-3000:]
     assert not {n for n in started if "raylet" in n or "gcs" in n or n.startswith("ray::")}
     ours = json.loads((out / "summary.json").read_text())
-    ref = simulate(prepare(load_config(None, SETTINGS))).run()
+    ref = simulate(prepare(load_config(None, SETTINGS))).run().to_json()  # as summary.json
     assert ours["engine"] == "flower-simulation" and ours["flower"]["rejected"] == 0
     assert ref["final"]["global"]["acc"] > 0.5
     for when in ("final", "selected"):
