@@ -465,11 +465,10 @@ def relabel(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[s
         if hits[0] in given:
             raise ConfigError(f"two labels for the group '{out[hits[0]]}': give one")
         given[hits[0]] = text
-    out = [given.get(i, label) for i, label in enumerate(out)]
-    for label in out:
+    for label in given.values():
         if re.search(r"(^|[\s=])(/|[A-Za-z]:\\)", label):
             raise ConfigError(f"label '{label}' is a path: give the group a name")
-    return out
+    return [given.get(i, label) for i, label in enumerate(out)]
 
 
 def parse_labels(items: Sequence[str], groups: Sequence[Group]) -> dict[str, str]:
