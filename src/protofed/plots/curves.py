@@ -388,7 +388,8 @@ def client_distributions(
             "pers. F1 per client (%)" if chosen.paper else "personalization macro-F1 per client (%)"
         )
         ax.grid(axis="y", alpha=0.3)
-        _set_title(ax, title, "Per-client personalization F1, clients of all seeds")
+        default = "Per-client pers. F1" if chosen.paper else "Per-client personalization F1"
+        _set_title(ax, title, f"{default}, clients of all seeds")
     return fig
 
 
@@ -435,9 +436,8 @@ def pers_vs_gen(
         ax.set_ylabel("personalization macro-F1 (%)")
         ax.grid(alpha=0.3)
         _legend_below(fig, handles, shown)
-        _set_title(
-            ax, title, "Personalization vs generalization:\nruns (dots), group means (diamonds)"
-        )
+        default = "Pers. vs gen. F1" if chosen.paper else "Personalization vs generalization"
+        _set_title(ax, title, f"{default}:\nruns (dots), group means (diamonds)")
     return fig
 
 
@@ -542,6 +542,7 @@ def write_figures(drawn: dict[str, Figure], prefix: str | Path, which: str | int
     paths: list[Path] = []
     for name, fig in drawn.items():
         if name != CURVES_NAME and fig.axes[0].get_title():  # title="": none added
-            fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})")
+            with style_context(style_of(fig)):  # the title's size of the figure's style
+                fig.axes[0].set_title(f"{fig.axes[0].get_title()}\n({when})")
         paths += save_figure(fig, targets[name])
     return paths
