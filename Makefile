@@ -1,5 +1,5 @@
 # The two commands: `make run` (default experiment, no download) and `make test` (lint: ruff,
-# import layers, mypy over src/ at pyproject's [tool.mypy] strictness; then the whole suite).
+# import layers, mypy over src/ at pyproject's [tool.mypy] strictness; the docs site; then the whole suite).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test lint clean
+.PHONY: install run test lint docs clean
 
 install: $(STAMP)
 
@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/protofed run configs/quickstart.yaml --out runs/quickstart --force
 
-test: lint
+test: lint docs
 	$(BIN)/python -m pytest -q
+
+# the documentation site, offline, into site/; --strict: a broken link or API object fails
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks experiments

@@ -1,4 +1,4 @@
-"""The public Python API: protofed.run, load_run, Run, and the README's examples."""
+"""The public Python API: protofed.run, load_run, Run, and the examples of docs/python-api.md."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import protofed
 from protofed.errors import ConfigError
 from protofed.runtime import prepare
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PYTHON_API_DOC = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 DIGITS = {
     "data": {"name": "digits", "num_clients": 4, "alpha": 1.0},
     "model": {"name": "mlp", "hidden": [32]},
@@ -107,20 +107,19 @@ def test_an_unfinished_run_says_how_to_continue(tmp_path) -> None:
     assert protofed.resume(tmp_path / "r").summary.final == whole.summary.final  # finished
 
 
-def _readme_examples() -> list[str]:
-    text = README.read_text()
-    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def _doc_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", PYTHON_API_DOC.read_text(), flags=re.S)
 
 
-def test_the_readme_python_api_examples_run(tmp_path, monkeypatch) -> None:
-    """Every python block of the README's "Python API" section, in order, in one namespace."""
-    examples = _readme_examples()
+def test_the_python_api_page_examples_run(tmp_path, monkeypatch) -> None:
+    """Every python block of docs/python-api.md, in order, in one namespace (the README's
+    own short example: tests/test_readme.py)."""
+    examples = _doc_examples()
     assert len(examples) >= 4
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for code in examples:
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(code, "python-api.md", "exec"), namespace)  # noqa: S102 - our own docs
     assert isinstance(namespace["run"], protofed.Run)
     assert np.isfinite(namespace["run"].summary.final.personalization.acc)
     # the custom algorithm really trains: at server_lr=1 it is FedAvg, number for number
