@@ -11,6 +11,7 @@ validated by the algorithm's own typed model (see `protofed.algorithms`).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -451,6 +452,21 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, text = item.split("=", 1)
         set_key(raw, key.strip(), _parse_scalar(text))
     return raw
+
+
+def flatten(
+    tree: Mapping[str, Any], prefix: str = "", *, keep_empty: bool = True
+) -> dict[str, Any]:
+    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}: a nested config by dotted key (lists stay
+    values; an empty section too, unless `keep_empty` is False)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}.", keep_empty=keep_empty))
+        elif keep_empty or not isinstance(value, Mapping):
+            out[name] = value
+    return out
 
 
 def set_key(raw: dict[str, Any], key: str, value: Any) -> None:

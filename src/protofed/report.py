@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from protofed.config import build_config
+from protofed.config import build_config, flatten
 from protofed.core.results import ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
@@ -136,18 +136,6 @@ def find_runs(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path,
     return runs, skipped
 
 
-def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1} (lists stay values)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
 # one row per run --------------------------------------------------------------------------
 def _scored_part(
     history: list[RoundRecord], summary: Summary, which: str | int
@@ -235,7 +223,7 @@ def run_row(
         if isinstance(value, int | float) and not isinstance(value, bool):
             row[f"server.{key}"] = float(value)
     row["path"] = str(run.path)
-    row["config"] = flatten(_resolved(run.config()))
+    row["config"] = flatten(_resolved(run.config()), keep_empty=False)
     return row
 
 

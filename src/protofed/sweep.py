@@ -33,7 +33,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from protofed import plugins
-from protofed.config import ExperimentConfig, apply_overrides, build_config, load_raw, set_key
+from protofed.config import (
+    ExperimentConfig,
+    apply_overrides,
+    build_config,
+    flatten,
+    load_raw,
+    set_key,
+)
 from protofed.core.files import ATOMIC_NAME_MAX, NAME_MAX, atomic_write_text, writing
 from protofed.errors import ConfigError
 from protofed.runs import CHECKPOINT, CONFIG, LOCK, SUMMARY, RunDir, protofed_version
@@ -120,7 +127,7 @@ class SweepSpec(_Strict):
             key = item.split("=", 1)[0].strip()
             if key in keys or key == "seed" and self._seeds_given():
                 raise ConfigError(f"-s {key}: the sweep varies this key; change the spec instead")
-        overridden = dict(_flatten(apply_overrides({}, list(self.overrides))))
+        overridden = flatten(apply_overrides({}, list(self.overrides)), keep_empty=False)
         ranked: list[tuple[int, SweepRun]] = []  # every run's first seed first, then as listed
         for variant in self.variants():
             grid = variant.grid if variant.grid is not None else self.grid
@@ -128,7 +135,7 @@ class SweepSpec(_Strict):
             _check_grid(grid, self.source)
             raw = load_raw(self.resolve_path(c) if (c := variant.config or self.config) else None)
             with _naming(self.source, "base"):
-                for key, value in _flatten(self.base):
+                for key, value in flatten(self.base, keep_empty=False).items():
                     set_key(raw, key, value)
             combos = list(itertools.product(*grid.values())) or [()]
             for (rank, seed), combo in itertools.product(enumerate(seeds or [None]), combos):
@@ -169,7 +176,7 @@ class SweepSpec(_Strict):
         """From the `folder` template, else the variant's name, the grid values and `s<seed>`."""
         template = variant.folder if variant.folder is not None else self.folder
         if template is not None:
-            flat = dict(_flatten(cfg.to_dict()))
+            flat = flatten(cfg.to_dict(), keep_empty=False)
 
             def value(match: re.Match[str]) -> str:
                 key = match.group(1)
@@ -225,17 +232,6 @@ def _text(value: Any) -> str:
 def _safe(text: str) -> str:
     """A folder-name part: what is not a letter, digit or ._=+,- becomes one '-'."""
     return _SAFE.sub("-", text).strip("-") or "-"
-
-
-def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Nested sections as dotted leaves: `{train: {rounds: 3}}` -> ('train.rounds', 3); so a
-    `base` mapping merges into the config key by key."""
-    for key, value in mapping.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            yield from _flatten(value, dotted + ".")
-        elif not isinstance(value, Mapping):
-            yield dotted, value
 
 
 @contextlib.contextmanager
@@ -302,7 +298,7 @@ def check_config(cfg: ExperimentConfig) -> None:
 
 def differing_keys(runs: list[SweepRun]) -> list[dict[str, Any]]:
     """Per run, the resolved config keys whose values differ between the runs."""
-    flats = [dict(_flatten(r.config.to_dict())) for r in runs]
+    flats = [flatten(r.config.to_dict(), keep_empty=False) for r in runs]
     keys = sorted({k for f in flats for k in f})
     varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
     return [{k: f[k] for k in varying if k in f} for f in flats]

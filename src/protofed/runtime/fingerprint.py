@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from protofed.config import flatten
 from protofed.core.types import Arrays, records_fault
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
@@ -48,18 +49,6 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
 behaviour, so those checkpoints still resume (tests/test_runs.py resumes a run written before
 the newest of them; a key added without an entry here fails it). (An unset generalization_samples keeps it only
 for test unions up to 20,000 samples: a larger run from before resumes scored on a sample.)"""
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def fingerprint(prepared: Prepared) -> dict[str, str]:
