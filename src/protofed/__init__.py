@@ -8,23 +8,56 @@ the decorators that add your own algorithm, model or data set to the registries.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from protofed.api import Run, load_run, pretrain, resolve_config, resume, run
-from protofed.core.results import (
-    ClientScores,
-    GlobalScores,
-    ReportedRound,
-    RoundInfo,
-    RoundRecord,
-    Scores,
-    Summary,
-)
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
     from protofed.algorithms.base import Algorithm
+    from protofed.api import Run, load_run, pretrain, resolve_config, resume, run
+    from protofed.core.results import (
+        ClientScores,
+        GlobalScores,
+        ReportedRound,
+        RoundInfo,
+        RoundRecord,
+        Scores,
+        Summary,
+    )
+
+_LAZY = {
+    **dict.fromkeys(("Run", "load_run", "pretrain", "resolve_config", "resume", "run"), "api"),
+    **dict.fromkeys(
+        (
+            "ClientScores",
+            "GlobalScores",
+            "ReportedRound",
+            "RoundInfo",
+            "RoundRecord",
+            "Scores",
+            "Summary",
+        ),
+        "core.results",
+    ),
+}
+"""The public names imported on first use (they import torch): `import protofed`, and the
+CLI's start-up (`protofed --help`), stay light."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'protofed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"protofed.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 _A = TypeVar("_A", bound="type[Algorithm]")

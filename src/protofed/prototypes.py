@@ -13,8 +13,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
-from sklearn.metrics import davies_bouldin_score
 
 
 def class_means(
@@ -106,6 +104,8 @@ def kmeans(
         return lloyd(points, init, weights=weights, max_iter=max_iter, tol=tol, guess=guess)
     if backend != "sklearn":
         raise ValueError(f"kmeans: unknown backend '{backend}'")
+    from sklearn.cluster import KMeans  # here: scikit-learn is slow to import (`protofed list`)
+
     data = points.detach().cpu().double().numpy()
     if init is not None:
         start = init.detach().cpu().double().numpy()
@@ -231,6 +231,8 @@ def best_kmeans(
     candidates = [k for k in k_range if 2 <= k < n]
     if not candidates:
         return 1, torch.zeros(n, dtype=torch.long)
+    from sklearn.metrics import davies_bouldin_score
+
     data = points.detach().cpu().double().numpy()
     best: tuple[float, int, torch.Tensor] | None = None
     for k in candidates:

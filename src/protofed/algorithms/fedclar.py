@@ -10,7 +10,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from sklearn.cluster import AgglomerativeClustering
 
 from protofed.algorithms.base import (
     MODEL,
@@ -50,6 +49,8 @@ def threshold_clusters(
     if len(vectors) < 2:
         return torch.zeros(len(vectors), dtype=torch.long)
     dist = cosine_distances(vectors).cpu().numpy()
+    from sklearn.cluster import AgglomerativeClustering  # slow to import: `protofed list`
+
     model = AgglomerativeClustering(
         n_clusters=None, distance_threshold=threshold, metric="precomputed", linkage=linkage
     )

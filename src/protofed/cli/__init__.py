@@ -8,8 +8,33 @@ config, the data and the model have all been validated.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from protofed.cli import catalog, data, figures, flower, report, run, sweep
-from protofed.cli.common import app
+from protofed.cli.common import app, console
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from protofed import __version__
+
+        console.print(f"protofed {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Personalized federated learning on heterogeneous real-world data."""
+
 
 app.command()(run.run)
 app.command()(run.pretrain)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from protofed.config import DataConfig
 from protofed.core.files import first_line
@@ -46,6 +45,8 @@ def _arrays_from_table(
     cfg: DataConfig, path: Path
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str | None]:
     """X, y and group from a .csv / .parquet table's columns; and the group column's name."""
+    import pandas as pd  # here: pandas is slow to import (`protofed list`)
+
     try:
         is_csv = path.suffix.lower() == ".csv"
         frame = pd.read_csv(note_read(path)) if is_csv else pd.read_parquet(note_read(path))

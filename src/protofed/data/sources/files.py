@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from protofed.config import DataConfig
 from protofed.core.files import npz_fault
 from protofed.errors import ConfigError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from protofed.data.sources import DatasetInfo
 
 
@@ -179,6 +180,8 @@ def clean_table(
     keep = np.ones(X.shape[1], dtype=bool)
     if drop_redundant:
         const = frame.to_numpy().std(axis=0) == 0
+        import pandas as pd  # here: slow to import (`protofed list`)
+
         dup = pd.DataFrame(X.T.round(9)).duplicated().to_numpy() & ~const
         keep = ~(const | dup)
         names = [str(c) for c in frame.columns]

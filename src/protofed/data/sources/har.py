@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from protofed.config import DataConfig
 from protofed.data.harmonize import COMBINED_CHANNELS, HAR_WINDOWS, combined
@@ -102,6 +101,8 @@ def _read_whitespace(path: Path) -> np.ndarray:
         raise ConfigError(
             f"uci_har: file not found: {path} (the '{_UCI_FOLDER}/' folder is incomplete)"
         )
+    import pandas as pd  # here: slow to import (`protofed list`)
+
     return pd.read_csv(note_read(path), sep=r"\s+", header=None, dtype=np.float64).to_numpy()
 
 
@@ -258,6 +259,8 @@ def load_har_combined(cfg: DataConfig) -> Dataset:
 def load_wisdm_features(cfg: DataConfig) -> Dataset:
     """WISDM v1.1's transformed table: 43 features per 10 s window, median-imputed, z-scored."""
     path = require(cfg, "wisdm_features", "har/wisdm_features.csv")
+    import pandas as pd
+
     frame = pd.read_csv(note_read(path), na_values="?")
     require_columns(frame, path, "user", "class")
     y, class_names = encode(frame["class"].astype(str))

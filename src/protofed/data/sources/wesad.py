@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from protofed.config import DataConfig
 from protofed.data.sources.files import (
     as_labels,
@@ -23,6 +21,8 @@ _WESAD_DEMOGRAPHICS = ("age", "height", "weight")
 def load_wesad(cfg: DataConfig) -> Dataset:
     """The feature table without demographics or redundant columns, median-imputed, z-scored."""
     path = require(cfg, "wesad", "wearable/wesad_features.csv")
+    import pandas as pd  # here: slow to import (`protofed list`)
+
     frame = pd.read_csv(note_read(path))
     require_columns(frame, path, "subject", "label")
     y = as_labels(frame["label"].to_numpy())
