@@ -35,4 +35,4 @@ lint: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
