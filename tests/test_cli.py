@@ -294,3 +294,57 @@ def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
         done = protofed.resume(path)
         assert done.summary.num_clients == 5 and done.summary.rounds == 3
     assert protofed.load_run(out).history.equals(protofed.load_run(old).history)
+
+
+def test_version_prints_the_version():
+    import protofed
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"protofed {protofed.__version__}"
+
+
+def test_the_cli_starts_without_the_heavy_packages():
+    """`protofed --help` imports neither torch nor scikit-learn, scipy, pandas, matplotlib
+    or flwr (benchmarks/cli_startup.py times it); `protofed list` with its listing kept
+    neither."""
+    heavy = ["torch", "sklearn", "scipy", "pandas", "matplotlib", "flwr"]
+    probe = f"import sys, protofed.cli; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
+def test_list_prints_the_same_lines_from_its_cache(tmp_path, monkeypatch):
+    """The first `protofed list` imports the registries and keeps its lines; the next one
+    prints the same from the cache without importing torch; a change of the key lists
+    afresh."""
+    from protofed.cli import catalog
+
+    env = {**dict(__import__("os").environ), "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "120"}
+    cmd = [sys.executable, "-m", "protofed", "list"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert (tmp_path / "protofed" / "cli" / "list.json").is_file()
+    probe = (
+        "import sys, io, contextlib; from protofed.cli import catalog\n"
+        "with contextlib.redirect_stdout(io.StringIO()): catalog.list_()\n"
+        "print('torch' in sys.modules)"
+    )
+    cached = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert cached.stdout.strip() == "False", cached.stderr
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert second.stdout == first.stdout and "fedavg" in first.stdout
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(catalog, "_catalog_key", lambda: "another installation")
+    assert catalog.catalog() == catalog._build_catalog()
+
+
+def test_fedavgs_generalization_shows_no_spread(tmp_path):
+    """Every FedAvg client holds the same model: its generalization score has no spread
+    across clients, so the summary says "(one model)" instead of "± 0.00"."""
+    out = tmp_path / "fedavg"
+    result = runner.invoke(app, ["run", "--out", str(out), "-s", "algorithm.name=fedavg", *SMALL])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "generalization" in line)
+    assert "(one model)" in row and "±" not in row
+    pers = next(line for line in result.output.splitlines() if "personalization" in line)
+    caption = " ".join(result.output.split())  # however the terminal wrapped it
+    assert "±" in pers and "one model: every client holds the same model" in caption

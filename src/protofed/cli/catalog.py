@@ -2,16 +2,53 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from protofed.cli.common import console, user_errors
+from protofed.errors import ConfigError
 
 
 def list_() -> None:
     """Every algorithm, data set, partitioner and model, one line each (plugins included)."""
+    for title, items in catalog():
+        table = Table(title=title, show_header=False, box=None, title_justify="left")
+        table.add_column(style="bold cyan")
+        table.add_column()
+        for name, line in items.items():
+            table.add_row(name, line)
+        console.print(table)
+
+
+Catalog = list[tuple[str, dict[str, str]]]
+PLUGIN_GROUPS = ("protofed.algorithms", "protofed.models", "protofed.datasets")
+
+
+def catalog() -> Catalog:
+    """`protofed list`'s sections: (title, {name: line}). Listing them imports every
+    algorithm, model and data set module, and so torch (seconds); the lines are kept in the
+    user cache folder, keyed by protofed's version, the interpreter, its source files' sizes
+    and modification times and the installed plugins, so a later `protofed list` of the same
+    installation prints them without importing any of it."""
+    key = _catalog_key()
+    cached = _read_cached(key)
+    if cached is not None:
+        return cached
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = _build_catalog()
+    for warning in caught:  # e.g. a plugin that failed to load: shown, and nothing cached
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if not caught:
+        _write_cached(key, built)
+    return built
+
+
+def _build_catalog() -> Catalog:
     from protofed import algorithms, data, models
     from protofed.data import PARTITIONERS
     from protofed.plugins import provider
@@ -24,7 +61,7 @@ def list_() -> None:
             out[name] = line if dist is None else f"{line} (plugin: {dist})"
         return out
 
-    for title, items in (
+    return [
         (
             "algorithms",
             lines("algorithms", {k: v.summary for k, v in algorithms.load_plugins().items()}),
@@ -35,13 +72,71 @@ def list_() -> None:
             {k: v[0] if isinstance(v, tuple) else v.description for k, v in PARTITIONERS.items()},
         ),
         ("models", lines("models", {k: v.description for k, v in models.load_plugins().items()})),
-    ):
-        table = Table(title=title, show_header=False, box=None, title_justify="left")
-        table.add_column(style="bold cyan")
-        table.add_column()
-        for name, line in items.items():
-            table.add_row(name, line)
-        console.print(table)
+    ]
+
+
+def _catalog_key() -> str:
+    """What the listed lines depend on: protofed's version and source files, the interpreter,
+    and the plugins installed (entry points, with their distributions' versions)."""
+    import hashlib
+    import json
+    import sys
+    from importlib.metadata import entry_points
+
+    import protofed
+
+    root = Path(protofed.__file__).parent
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        stat = path.stat()
+        files.append((path.relative_to(root).as_posix(), stat.st_mtime_ns, stat.st_size))
+    plugins = [
+        (
+            group,
+            ep.name,
+            ep.value,
+            ep.dist.name if ep.dist else "",
+            ep.dist.version if ep.dist else "",
+        )
+        for group in PLUGIN_GROUPS
+        for ep in entry_points(group=group)
+    ]
+    text = json.dumps([protofed.__version__, sys.executable, str(root), files, sorted(plugins)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_file() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("protofed")) / "cli" / "list.json"
+
+
+def _read_cached(key: str) -> Catalog | None:
+    import json
+
+    try:
+        saved = json.loads(_cache_file().read_text())
+        if saved.get("key") != key:
+            return None
+        return [
+            (str(title), {str(k): str(v) for k, v in items.items()})
+            for title, items in saved["sections"]
+        ]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # none yet, or unreadable: listed afresh
+
+
+def _write_cached(key: str, sections: Catalog) -> None:
+    import json
+
+    from protofed.core.files import atomic_write_text
+
+    try:
+        path = _cache_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"key": key, "sections": sections}, indent=1))
+    except (OSError, ConfigError):
+        pass  # a read-only home: the next `protofed list` imports everything again
 
 
 def info(

@@ -43,7 +43,8 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         title=f"{summary['algorithm']} on {summary['dataset']}: "
         f"{summary['num_clients']} clients, {summary['rounds']} rounds",
         caption=f"%, mean ± std across clients; last = round {summary['final']['round']}, "
-        f"sel = round {sel['round']} ({sel['rule']} rule)",
+        f"sel = round {sel['round']} ({sel['rule']} rule)"
+        + ("; one model: every client holds the same model" if _one_model_in(summary) else ""),
     )
     table.add_column("score", no_wrap=True)
     for when in ("last", "sel"):
@@ -54,6 +55,8 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         for part in (summary["final"][key], sel[key]):
             if part is None:
                 cells += ["-", "-"]
+            elif key == "generalization" and one_model(part):
+                cells += [pct(part["acc"]), f"{pct(part['f1'])} (one model)"]
             else:
                 cells += [pct(part["acc"]), f"{pct(part['f1'])} ± {pct(part['f1_std'])}"]
         table.add_row(key, *cells)
@@ -63,6 +66,19 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB"
     )
     return table, cost, [str(w) for w in summary.get("warnings", [])]
+
+
+def one_model(part: dict[str, Any]) -> bool:
+    """Whether a generalization score came from one model: every client scored the same
+    accuracy and F1 on the same sample (FedAvg's: every client holds the global model), so
+    its spread across clients says nothing and is not shown."""
+    stds = (part.get("acc_std"), part.get("f1_std"))
+    return all(isinstance(v, int | float) and abs(v) < 1e-9 for v in stds)
+
+
+def _one_model_in(summary: dict[str, Any]) -> bool:
+    parts = (summary["final"].get("generalization"), summary["selected"].get("generalization"))
+    return any(isinstance(p, dict) and one_model(p) for p in parts)
 
 
 def print_summary(view: SummaryView, run_dir: Path | None = None) -> None:
