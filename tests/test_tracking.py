@@ -250,3 +250,138 @@ def test_provenance_across_a_resume_with_tensorboard(tmp_path, shared_data):
     assert times == sorted(times)
     # round 3 ran twice (the kill came after it); TensorBoard shows it once, as metrics.jsonl
     _check_scalars(out, rounds=4)
+
+
+def _mlflow_history(out: Path) -> tuple[object, str, dict[str, list[tuple[int, float]]]]:
+    """The MLflow run a run directory logged to, read with MLflow's own client: the client,
+    the run id and every metric's (step, value) history."""
+    from mlflow.tracking import MlflowClient
+
+    kept = json.loads((out / "mlflow_run.json").read_text())
+    client = MlflowClient(kept["tracking_uri"])
+    run = client.get_run(kept["run_id"])
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        for key in run.data.metrics
+    }
+    return client, kept["run_id"], history
+
+
+def test_log_mlflow_writes_the_rounds_the_config_and_the_summary(tmp_path):
+    """`--log mlflow`: a local store in RUN/mlruns/ whose run holds each round's scalars
+    under TensorBoard's tags, equal to metrics.jsonl, the config as flattened params and
+    the summary's reported scores."""
+    pytest.importorskip("mlflow")
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "mlflow", *_sets(DIGITS)])
+    assert result.exit_code == 0, result.output
+    assert (out / "mlruns" / "mlflow.db").is_file()
+    client, run_id, history = _mlflow_history(out)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    records = {
+        r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    }
+    server = {f"server/{k}" for k in records[4]["server"]}
+    rounds = {k for k in history if not k.startswith(("final/", "selected/"))}
+    assert rounds == EVERY_ROUND | EVALUATED | server
+    for tag in rounds:
+        steps = [s for s, _ in history[tag]]
+        every = tag in EVERY_ROUND or tag in server
+        assert steps == ([1, 2, 3, 4] if every else sorted(records)), tag
+        if tag != "time/round_s":
+            for step, value in history[tag]:
+                if step in records:
+                    assert value == pytest.approx(_metric(records[step], tag), rel=1e-12), tag
+    summary = json.loads((out / "summary.json").read_text())
+    for when in ("final", "selected"):
+        for key in ("acc", "f1", "f1_std"):
+            got = history[f"{when}/personalization/{key}"]
+            assert got == [(4, pytest.approx(summary[when]["personalization"][key]))]
+    params = run.data.params
+    assert params["train.lr"] == "0.1" and params["data.name"] == "digits"
+    assert params["model.hidden"] == "[16]" and params["algorithm.name"] == "fedavg"
+
+
+def test_a_resumed_run_logs_into_the_same_mlflow_run(tmp_path):
+    """Killed after round 3 (checkpoint at 2), resumed: one MLflow run, each round logged
+    by the session that ran it (round 3 twice, as documented)."""
+    pytest.importorskip("mlflow")
+    out = tmp_path / "run"
+    config = {
+        "data": {"name": "digits", "num_clients": 4},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {"rounds": 4, "checkpoint_every": 2, "lr": 0.1, "threads": 1},
+    }
+
+    class Killed(Exception):
+        pass
+
+    def kill(r: int, info: RoundInfo, record: RoundRecord | None) -> None:
+        if r == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        protofed.run(config, out, log="mlflow", on_round=kill)
+    client, first_id, history = _mlflow_history(out)
+    assert client.get_run(first_id).info.status == "KILLED"
+    assert [s for s, _ in history["train/loss"]] == [1, 2, 3]
+    protofed.resume(out, log="mlflow")
+    client, run_id, history = _mlflow_history(out)
+    assert run_id == first_id and client.get_run(run_id).info.status == "FINISHED"
+    assert [s for s, _ in history["train/loss"]] == [1, 2, 3, 3, 4]
+    assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1
+
+
+def test_a_missing_mlflow_and_a_bad_log_value_are_one_line_errors(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "tensorboard=x"])
+    assert result.exit_code == 2 and "takes no value" in result.stderr and not out.exists()
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if the extra were not installed
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "mlflow=http://x:5000"])
+    text = result.stderr.strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "pip install 'protofed[mlflow]'" in text and not out.exists()
+    with pytest.raises(protofed.ConfigError, match=r"unknown --log 'nope' \(valid: .*mlflow"):
+        protofed.run(out=out, log="nope")
+
+
+def test_a_plugin_logger_gets_the_run_its_rounds_and_its_summary(tmp_path):
+    """`register_logger(name)`: a logger of one's own, called as the built-in ones are."""
+    from protofed import plugins
+    from protofed.tracking import LOGGERS, register_logger
+
+    calls: list[tuple] = []
+
+    @register_logger("memory")
+    class Memory:
+        def __init__(self, value: str | None) -> None:
+            calls.append(("built", value))
+
+        def start(self, run) -> None:
+            calls.append(("start", run.first_round, run.total, run.config["data"]["name"]))
+
+        def log_round(self, scalars, step: int) -> None:
+            calls.append(("round", step, "train/loss" in scalars))
+
+        def close(self, summary) -> None:
+            calls.append(("close", summary.rounds if summary is not None else None))
+
+    try:
+        protofed.run(
+            {"data": {"name": "digits", "num_clients": 4}, "model": {"name": "mlp"}},
+            tmp_path / "run",
+            log="memory=label",
+            train={"rounds": 2, "threads": 1},
+        )
+    finally:
+        LOGGERS.pop("memory")
+        plugins.DEFINITIONS.pop(("loggers", "memory"), None)
+    built = [c for c in calls if c[0] == "built"]
+    assert built and all(c == ("built", "label") for c in built)
+    assert [c for c in calls if c[0] != "built"] == [
+        ("start", 1, 2, "digits"),
+        ("round", 1, True),
+        ("round", 2, True),
+        ("close", 2),
+    ]
