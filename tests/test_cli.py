@@ -313,12 +313,10 @@ def test_the_cli_starts_without_the_heavy_packages():
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
 
 
-def test_list_prints_the_same_lines_from_its_cache(tmp_path, monkeypatch):
+def test_list_prints_the_same_lines_from_its_cache(tmp_path):
     """The first `protofed list` imports the registries and keeps its lines; the next one
-    prints the same from the cache without importing torch; a change of the key lists
-    afresh."""
-    from protofed.cli import catalog
-
+    prints the same from the cache without importing torch; a listing kept under another
+    key (another installation, an edit) is listed afresh."""
     env = {**dict(__import__("os").environ), "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "120"}
     cmd = [sys.executable, "-m", "protofed", "list"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -332,9 +330,11 @@ def test_list_prints_the_same_lines_from_its_cache(tmp_path, monkeypatch):
     assert cached.stdout.strip() == "False", cached.stderr
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     assert second.stdout == first.stdout and "fedavg" in first.stdout
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(catalog, "_catalog_key", lambda: "another installation")
-    assert catalog.catalog() == catalog._build_catalog()
+    kept = tmp_path / "protofed" / "cli" / "list.json"
+    key = json.loads(kept.read_text())["key"]
+    kept.write_text(json.dumps({"key": "another installation", "sections": [["x", {}]]}))
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert again.stdout == first.stdout and json.loads(kept.read_text())["key"] == key
 
 
 def test_fedavgs_generalization_shows_no_spread(tmp_path):

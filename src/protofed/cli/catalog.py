@@ -33,7 +33,13 @@ def catalog() -> Catalog:
     algorithm, model and data set module, and so torch (seconds); the lines are kept in the
     user cache folder, keyed by protofed's version, the interpreter, its source files' sizes
     and modification times and the installed plugins, so a later `protofed list` of the same
-    installation prints them without importing any of it."""
+    installation prints them without importing any of it. Where this process has imported
+    the registries already (`protofed list` called in-process, after registering parts of
+    one's own), they are listed as they are."""
+    import sys
+
+    if any(m in sys.modules for m in ("protofed.algorithms", "protofed.data", "protofed.models")):
+        return _build_catalog()  # already imported here, maybe with parts of this process's own
     key = _catalog_key()
     cached = _read_cached(key)
     if cached is not None:

@@ -38,6 +38,7 @@ from protofed.flower.settings import check_settings
 from protofed.flower.transport import STOP, FlowerTransport, discover
 from protofed.runs import RunDir
 from protofed.runtime import Prepared, RoundLoop, ServerSideEvaluation, prepare
+from protofed.runtime.engine import recorded_count
 from protofed.runtime.loop import OnRound
 
 log = logging.getLogger("protofed.flower")
@@ -210,7 +211,7 @@ def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Ro
     """Like `runtime.start`, for Flower's simulation engine (run it with
     `run_simulation_loop`)."""
     plugins.require_visible_elsewhere(cfg, "Flower's nodes")
-    prepared = prepare(cfg)
+    prepared = recorded_count(prepare(cfg))  # config.yaml: the clients a partition built
     loop = simulation_loop(prepared)  # validates the Flower settings before any file exists
     loop.run_dir = RunDir.create(
         out,
