@@ -386,7 +386,7 @@ def _pdf_strings(path: Path) -> str:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "scan", Path(__file__).with_name("test_no_machine_paths.py")
+        "scan", Path(__file__).parents[1] / "test_no_machine_paths.py"
     )
     assert spec is not None and spec.loader is not None
     scan = importlib.util.module_from_spec(spec)
