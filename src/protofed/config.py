@@ -11,19 +11,70 @@ validated by the algorithm's own typed model (see `protofed.algorithms`).
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from protofed.errors import ConfigError
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: training runs in float32, so a larger value (finite in
+Python's float64) would overflow where it is used."""
+
+
+def _admits(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether `annotation` (with its unions, lists and tuples) names one of `kinds`."""
+    if annotation in kinds or annotation is Any:
+        return True
+    return any(_admits(arg, kinds) for arg in get_args(annotation) if arg is not Ellipsis)
+
+
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""`1e-3`: a float in YAML 1.2, a string to PyYAML (YAML 1.1 wants `1.0e-3`)."""
+
+
+def _strict(annotation: Any, value: Any) -> Any:
+    """`value` for a field of `annotation`, checked the strict way: a boolean is not a
+    number, a string is not a number (but `1e-3`, which PyYAML reads as one, is the float it
+    spells); an int is a float (YAML's `lr: 1`); a float beyond float32's range is refused."""
+    if not _admits(annotation, (int, float)):
+        return value
+    many = isinstance(value, (list, tuple))
+    items = list(value) if many else [value]
+    for i, item in enumerate(items):
+        if isinstance(item, bool) and not _admits(annotation, (bool,)):
+            raise ValueError("a boolean is not a number")
+        if isinstance(item, str) and not _admits(annotation, (str,)):
+            if not (_admits(annotation, (float,)) and _EXPONENT.fullmatch(item.strip())):
+                raise ValueError("a string is not a number")
+            items[i] = item = float(item)
+        if isinstance(item, float) and math.isfinite(item) and abs(item) > FLOAT32_MAX:
+            raise ValueError(f"overflows float32 (at most {FLOAT32_MAX:.6g} in magnitude)")
+    return items if many else items[0]
 
 
 class _Section(BaseModel):
     # allow_inf_nan=False: `-s train.lr=.inf` is a config error, not a diverged run
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_types(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        return value if field is None else _strict(field.annotation, value)
 
 
 class DynamicConfig(_Section):
@@ -211,6 +262,18 @@ class AlgorithmConfig(BaseModel):
 
     def hyperparameters(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _float32_range(self) -> AlgorithmConfig:
+        """The hyperparameters' types are the algorithm's to check; their range here."""
+        for key, given in (self.model_extra or {}).items():
+            spelt = isinstance(given, str) and _EXPONENT.fullmatch(given.strip())
+            value = float(given) if spelt else given
+            if isinstance(value, float) and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+                raise ValueError(
+                    f"'algorithm.{key}' overflows float32 (at most {FLOAT32_MAX:.6g} in magnitude)"
+                )
+        return self
 
 
 class TrainConfig(_Section):

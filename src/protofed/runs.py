@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import yaml
 
-from protofed.core.files import atomic_write, atomic_write_text, writing
+from protofed.core.files import atomic_write, atomic_write_text, tensors_digest, writing
 from protofed.errors import ConfigError
 
 try:  # POSIX; elsewhere a run directory is not locked
@@ -44,6 +44,11 @@ METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
 RUN, LOCK, PROVENANCE = "run.json", ".lock", "provenance.json"
 FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY, PROVENANCE)
 CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
+DIGEST = "sha256"
+"""The checkpoint's own key for the digest of everything else in it (`tensors_digest`): in
+the same file, so no kill can leave a checkpoint and a digest that belong to different
+rounds. A checkpoint without it (written before protofed kept one) resumes unchecked."""
+OLD_CHECKPOINT_KEYS = frozenset({*CHECKPOINT_KEYS, "trained"})
 
 
 @contextlib.contextmanager
@@ -133,6 +138,9 @@ class RunDir:
         run = cls(path)
         if not (run.path / CONFIG).is_file():
             raise ConfigError(f"{run.path} is not a run directory (no {CONFIG})")
+        for name in (RUN, PARTITION):  # what every reader relies on, checked up front
+            if (run.path / name).is_file():
+                run.read_json(name)
         if lock:
             run.lock()
         return run
@@ -175,8 +183,11 @@ class RunDir:
             value = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not readable JSON ({type(exc).__name__})") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: not as protofed writes it (a JSON object expected)")
+        check_schema(path, value, SCHEMAS.get(name, {}))
+        if name == PARTITION:
+            with reading(path):
+                for client in value.get("clients", []):
+                    check_schema(path, client, {"name": str})
         return value
 
     def config(self) -> dict:
@@ -264,6 +275,8 @@ class RunDir:
 
     # checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, state: dict) -> None:
+        """The state with its content digest (checked by `load_checkpoint`), atomically."""
+        state = {**state, DIGEST: tensors_digest(state)}
         atomic_write(self.path / CHECKPOINT, lambda handle: torch.save(state, handle))
 
     def load_checkpoint(self, map_location: str | torch.device | None = None) -> dict | None:
@@ -284,11 +297,47 @@ class RunDir:
                 f"{path}: not a checkpoint of this protofed version (no '{missing[0]}'); "
                 "start the run again with --force"
             )
+        check_digest(path, ckpt)
         return ckpt
 
     @property
     def complete(self) -> bool:
         return (self.path / SUMMARY).exists()
+
+
+def check_digest(path: Path, ckpt: dict) -> None:
+    """The checkpoint's content is what was written (its DIGEST); the digest is taken off.
+    Without one, only a checkpoint with no key newer than the digest passes (an older
+    protofed's): a flipped bit in the key's name is damage too."""
+    recorded = ckpt.pop(DIGEST, None)
+    if recorded is None and set(ckpt) <= OLD_CHECKPOINT_KEYS:
+        return
+    if not isinstance(recorded, str) or tensors_digest(ckpt) != recorded:
+        raise ConfigError(
+            f"{path}: damaged (its content does not match the sha256 recorded when it was "
+            "written); start the run again with --force"
+        )
+
+
+def check_schema(path: Path, value: Any, schema: dict[str, type]) -> None:
+    """A JSON file protofed wrote, read back: an object whose keys in `schema` (where
+    present) have their types; else a one-line error naming the file and the key."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: not as protofed writes it (a JSON object expected)")
+    for key, kind in schema.items():
+        if key in value and value[key] is not None and not isinstance(value[key], kind):
+            raise ConfigError(
+                f"{path}: not as protofed writes it ('{key}' is not a {SCHEMA_NAMES[kind]})"
+            )
+
+
+SCHEMA_NAMES = {dict: "JSON object", list: "JSON list", str: "string", int: "number"}
+SCHEMAS: dict[str, dict[str, type]] = {
+    PARTITION: {"clients": list, "counts": list, "class_names": list, "meta": dict},
+    RUN: {"engine": str, "protofed": str},
+    SUMMARY: {"final": dict, "selected": dict, "status": str},
+    PROVENANCE: {"sessions": list, "data": list, "packages": dict},
+}
 
 
 def protofed_version() -> str:

@@ -14,9 +14,12 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from protofed.errors import ConfigError
+
+if TYPE_CHECKING:
+    import hashlib
 
 
 def npz_fault(exc: BaseException) -> str:
@@ -57,6 +60,59 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise write_fault(path, exc) from None
+
+
+def _stream_fault(exc: RuntimeError) -> bool:
+    """A RuntimeError that is a failed write underneath: torch.save's zip writer turns the
+    file's OSError (a full disk, a file size limit) into `[enforce fail at
+    inline_container.cc]` or `unable to write`."""
+    if isinstance(exc.__context__, OSError):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in ("inline_container", "write", "file"))
+
+
+def stream_write_fault(path: Path, exc: RuntimeError) -> ConfigError:
+    """A write that failed under a library's writer (torch.save): one line naming the file,
+    with the disk's own reason where the library kept it."""
+    cause = exc.__context__
+    if isinstance(cause, OSError):
+        return write_fault(path, cause)
+    return ConfigError(
+        f"cannot write {path}: the write failed (disk full or file size limit?): {first_line(exc)}"
+    )
+
+
+def tensors_digest(state: Any) -> str:
+    """The SHA-256 of a state's content: every tensor's dtype, shape and bytes, every
+    number and string, and the nesting of dicts and lists, in order. A flipped bit in a
+    tensor changes it; the same state gives the same digest on any device."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    _feed(digest, state)
+    return digest.hexdigest()
+
+
+def _feed(digest: hashlib._Hash, value: Any) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        digest.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, dict):
+        digest.update(b"D%d:" % len(value))
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"L%d:" % len(value))
+        for item in value:
+            _feed(digest, item)
+    else:  # str, int, float, bool, None: typed, so 1, 1.0, True and "1" differ
+        text = repr(value).encode()
+        digest.update(b"%s%d:%s" % (type(value).__name__.encode(), len(text), text))
 
 
 NAME_MAX = 255
@@ -119,6 +175,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
+        except RuntimeError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            if not _stream_fault(exc):
+                raise
+            raise stream_write_fault(path, exc) from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,8 +174,17 @@ def build_model_and_algorithm(
     only its own data) build the same initial weights and the same `Setting`.
     """
     with torch.random.fork_rng(devices=[]):
+        check_model_size(cfg, input_shape, num_classes)
         torch.manual_seed(derive_seed(cfg.seed, MODEL_INIT))
-        model = build_model(cfg.model, input_shape, num_classes)
+        try:
+            model = build_model(cfg.model, input_shape, num_classes)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one too
+            if "alloc" not in str(exc) and "out of memory" not in str(exc):
+                raise
+            raise ConfigError(
+                f"model.*: the model '{cfg.model.name}' does not fit in memory ("
+                f"{str(exc).strip().splitlines()[0][:120]}); make it smaller (model.hidden, ...)"
+            ) from None
     if cfg.model.init is not None:  # `protofed pretrain`'s encoder and prototypes
         load_init(model, cfg.model.init)
     model.to(device)
@@ -188,6 +198,34 @@ def build_model_and_algorithm(
     )
     algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
     return model, algorithm
+
+
+def check_model_size(cfg: ExperimentConfig, input_shape: tuple[int, ...], classes: int) -> None:
+    """Refuse a model whose parameters alone exceed this machine's memory, built on the
+    meta device (no memory, no random numbers drawn) before the real one. A model that
+    cannot be built there is left to the real build."""
+    try:
+        with torch.device("meta"):
+            shapes = build_model(cfg.model, input_shape, classes).parameters()
+            need = sum(p.numel() * p.element_size() for p in shapes)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - a plugin model that the meta device cannot build
+        return
+    total = _physical_memory()
+    if total is not None and need > total:
+        raise ConfigError(
+            f"model.*: the model '{cfg.model.name}' needs {need / 2**30:.1f} GiB for its "
+            f"parameters alone, more than this machine's {total / 2**30:.1f} GiB of memory; "
+            "make it smaller (model.hidden, ...)"
+        )
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None
 
 
 def pooled_data(fed: FederatedData) -> ClientData:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofed.config import DataConfig, ExperimentConfig
-from protofed.core.files import atomic_write_bytes
+from protofed.core.files import atomic_write_bytes, tensors_digest
 from protofed.core.seeding import MODEL_INIT, derive_seed
 from protofed.data import load_dataset
 from protofed.data.harmonize import (
@@ -485,9 +485,30 @@ def tensors_fault(
     return ("extra", extra[0]) if extra else None
 
 
+DIGEST = "protofed.sha256"
+"""The safetensors header's metadata key for `tensors_digest` of the file's tensors, in
+name order: checked on every read, so a flipped bit is a damaged file, not a resumed or
+diverged pre-training. A file without it (written before) is read unchecked."""
+
+
+def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    return tensors_digest({k: tensors[k] for k in sorted(tensors)})
+
+
 def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:
-    """Write the safetensors file atomically."""
-    return atomic_write_bytes(path, safetensors.torch.save(tensors))
+    """Write the safetensors file atomically, with its tensors' digest in its metadata."""
+    data = safetensors.torch.save(tensors, metadata={DIGEST: _digest(tensors)})
+    return atomic_write_bytes(path, data)
+
+
+def _recorded_digest(data: bytes) -> str | None:
+    """The digest a safetensors file's header records (None: none, or not safetensors)."""
+    try:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size])
+        return header.get("__metadata__", {}).get(DIGEST)
+    except (ValueError, AttributeError):
+        return None
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -515,6 +536,12 @@ def _read_tensors(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict[s
         isinstance(v, torch.Tensor) for v in tensors.values()
     ):
         raise ConfigError(f"{key}: {path} is not a dict of tensors")
+    recorded = _recorded_digest(data) if data[:2] != b"PK" else None
+    if recorded is not None and recorded != _digest(tensors):
+        raise ConfigError(
+            f"{key}: {path} is damaged (its tensors do not match the sha256 recorded when it "
+            "was written); start over with --force"
+        )
     meta_bytes = tensors.pop(META, None)
     try:
         meta = {} if meta_bytes is None else json.loads(bytes(meta_bytes.tolist()).decode())
