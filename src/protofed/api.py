@@ -564,7 +564,14 @@ def _drive(
         try:
             engine.drive(loop, each)
         except KeyboardInterrupt as stop:
-            raise RunInterrupted(Path(out), loop.progress.server_round, loop.checkpoints) from stop
+            if not (Path(out) / SUMMARY).is_file():
+                raise RunInterrupted(
+                    Path(out), loop.progress.server_round, loop.checkpoints
+                ) from stop
+            # the signal came after the summary was written: the run is complete
+            from protofed.runtime.provenance import close_session
+
+            close_session(RunDir(out), Run(out).summary)
         finished = Run(out)
         tracking.finish(finished.summary)
     for warning in finished.summary.warnings:

@@ -160,12 +160,18 @@ def _follow(go: Callable[[RoundsDisplay], object], quiet: bool) -> Started | Non
     SIGTERM ends it with where it stopped. What it started; None if there was nothing to run
     (a resume of a run already complete)."""
     from protofed.api import RunInterrupted
+    from protofed.runs import SUMMARY
 
     with RoundsDisplay(quiet) as display:
         try:
             go(display)
-        except RunInterrupted as stop:
-            _exit_interrupted(stop)
+        except KeyboardInterrupt as stop:  # RunInterrupted, or a signal after the rounds
+            started = display.started
+            if started is None or not (started.path / SUMMARY).is_file():
+                if isinstance(stop, RunInterrupted):
+                    _exit_interrupted(stop)
+                raise
+            # the summary was written: the run completed, and its summary is printed
     return display.started
 
 

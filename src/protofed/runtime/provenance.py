@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from protofed.core.results import Summary
-from protofed.runs import PROVENANCE, RunDir, protofed_version
+from protofed.runs import CHECKPOINT, METRICS, PROVENANCE, RunDir, protofed_version
 
 PACKAGES = ("torch", "numpy", "scikit-learn", "flwr")
 """The libraries whose versions are recorded (None where one is not installed)."""
@@ -170,8 +170,43 @@ def begin_session(run_dir: RunDir, files: Sequence[Path], device: str, engine: s
         if changed:
             session["changed"] = changed
         doc["end"] = None
-        doc["sessions"] = [*doc.get("sessions", []), session]
+        doc["sessions"] = [*settled(run_dir, doc.get("sessions", [])), session]
     run_dir.write_json(PROVENANCE, doc)
+
+
+def settled(run_dir: RunDir, sessions: list[Any]) -> list[Any]:
+    """Earlier sessions as they ended: one still `running` was killed (SIGKILL, a power
+    cut) before it could say so; its end is the last time it wrote the run's state."""
+    for session in sessions:
+        if isinstance(session, dict) and session.get("outcome") == "running":
+            session["outcome"] = "killed"
+            session["end"] = last_write(run_dir) or session.get("end")
+    return sessions
+
+
+def last_write(run_dir: RunDir) -> str | None:
+    """When the run's state (metrics.jsonl, checkpoint.pt) was last written, as UTC."""
+    times = []
+    for name in (METRICS, CHECKPOINT):
+        try:
+            times.append((run_dir.path / name).stat().st_mtime)
+        except OSError:
+            continue
+    if not times:
+        return None
+    stamp = dt.datetime.fromtimestamp(max(times), tz=dt.timezone.utc)
+    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def close_session(run_dir: RunDir, summary: Summary) -> None:
+    """End a session that a signal cut short after its summary was written: the run is
+    complete, whatever the signal stopped (the session's own end, say)."""
+    if not (run_dir.path / PROVENANCE).is_file():
+        return
+    sessions = run_dir.read_json(PROVENANCE).get("sessions") or [{}]
+    last = sessions[-1]
+    if not isinstance(last, dict) or last.get("outcome") in ("running", "stopped", None):
+        end_session(run_dir, summary)
 
 
 def end_session(run_dir: RunDir, summary: Summary | None) -> None:
