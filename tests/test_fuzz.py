@@ -149,3 +149,32 @@ def test_mutated_checkpoints_and_metrics(tmp_path_factory, killed_run, mutation,
     (run / target).write_bytes(mutate((run / target).read_bytes(), mutation))
     before = snapshot(run)
     check(runner.invoke(app, ["run", "--resume", str(run)]), run, before)
+
+
+@FUZZ
+@given(entry=st.integers(0, 1_000), element=st.floats(0.0, 1.0), bit=st.integers(0, 31))
+def test_a_flipped_bit_in_any_tensor_of_a_checkpoint_never_resumes(
+    tmp_path_factory, killed_run, entry, element, bit
+):
+    """One bit of any tensor's bytes (mantissa, exponent or sign; any entry of the zip): the
+    resume is exit 2 naming checkpoint.pt, never a run that goes on with other numbers."""
+    import struct
+    import zipfile
+
+    run = tmp_path_factory.mktemp("flip") / "run"
+    shutil.copytree(killed_run, run)
+    path = run / "checkpoint.pt"
+    with zipfile.ZipFile(path) as archive:
+        tensors = [i for i in archive.infolist() if "/data/" in i.filename and i.file_size]
+    info = tensors[entry % len(tensors)]
+    data = bytearray(path.read_bytes())
+    head = info.header_offset
+    start = head + 30 + sum(struct.unpack("<HH", data[head + 26 : head + 30]))
+    at = start + min(int(element * info.file_size), info.file_size - 1)
+    data[at] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+    before = snapshot(run)
+    result = runner.invoke(app, ["run", "--resume", str(run), "-q"])
+    assert result.exit_code == 2, result.output
+    check(result, run, before)
+    assert "checkpoint.pt" in (result.stderr or result.output)

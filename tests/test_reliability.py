@@ -639,3 +639,230 @@ def test_a_failed_flower_round_is_one_line(tmp_path):
     # Flower logs the failing ClientApps' own tracebacks (the drill's); none is protofed's
     assert proc.stderr.strip().splitlines()[-1] == err[0]
     assert "protofed/runtime" not in proc.stderr and "protofed/cli" not in proc.stderr
+
+
+# 5. integrity to the last byte --------------------------------------------------------------
+
+
+def _flip_a_tensor_bit(path: Path, bit: int, entry: int = -1) -> None:
+    """Flip `bit` of the first float32 in a torch checkpoint's largest tensor (0: the
+    mantissa's lowest bit, 23: the exponent's lowest), in place in the zip (stored
+    uncompressed, as torch.save writes it)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entries = sorted(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    info = entries[entry]
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack(
+        "<HH", data[info.header_offset + 26 : info.header_offset + 30]
+    )
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("bit", [0, 23], ids=["mantissa", "exponent"])
+def test_a_flipped_bit_in_a_checkpoint_is_one_line_naming_it(tmp_path, bit):
+    """Before checksums, one flipped bit resumed silently to other numbers (exit 0)."""
+    run = _killed_run(tmp_path / "run", 2)
+    _flip_a_tensor_bit(run / "checkpoint.pt", bit)
+    before = _snapshot(run)
+    result = runner.invoke(app, ["run", "--resume", str(run), "-q"])
+    text = _one_error_line(result, "checkpoint.pt", "damaged")
+    assert "diverged" not in text
+    assert _snapshot(run) == before
+    with pytest.raises(ConfigError, match="damaged"):
+        load_run(run).client_model(0)
+
+
+def test_a_checkpoint_written_before_checksums_still_resumes(tmp_path):
+    run = _killed_run(tmp_path / "run", 2)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert isinstance(ckpt.pop("sha256"), str)
+    torch.save(ckpt, run / "checkpoint.pt")
+    assert resume(run).run().status == "complete"
+
+
+def _flip_a_safetensors_bit(path: Path, bit: int) -> str:
+    """Flip `bit` of the first value of the file's first float32 tensor; its name."""
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    name = next(k for k, v in sorted(header.items()) if k != "__metadata__" and v["dtype"] == "F32")
+    start = 8 + size + header[name]["data_offsets"][0]
+    data[start + bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+    return name
+
+
+def test_a_flipped_bit_in_a_pretrain_state_is_one_line_naming_it(shared_data, tmp_path):
+    """Before checksums, one flipped bit resumed with 124 of 125 tensors different, and 50
+    flipped bytes ended in `pretrain diverged ... lower pretrain.lr`."""
+    import protofed
+    from protofed.training.pretrain import state_path
+
+    sets = ["model.alp.prototypes=[32,16,16,16,16,16]", "pretrain.max_windows=100"]
+    sets += ["pretrain.batch_size=50", "train.threads=1", "pretrain.epochs=2"]
+    cfg = load_config("configs/fedali_hhar_natural.yaml", [f"data.dir={shared_data}", *sets])
+    out = tmp_path / "hhar.safetensors"
+
+    def stop(epoch: int, loss: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        protofed.pretrain(cfg, out, on_epoch=stop)
+    state = state_path(out)
+    kept = state.read_bytes()
+    args = ["pretrain", "configs/fedali_hhar_natural.yaml", *_sets(sets), "--out", str(out)]
+    args += ["--data-dir", str(shared_data), "--resume", "-q"]
+    for bit in (0, 23):
+        state.write_bytes(kept)
+        _flip_a_safetensors_bit(state, bit)
+        text = _one_error_line(runner.invoke(app, args), str(state), "damaged")
+        assert "diverged" not in text and not out.exists()
+    state.write_bytes(kept)
+    assert runner.invoke(app, args).exit_code == 0  # intact, it resumes
+    _flip_a_safetensors_bit(out, 0)  # the finished checkpoint, as model.init reads it
+    with pytest.raises(ConfigError, match="damaged"):
+        protofed.training.pretrain.read_checkpoint(out)
+
+
+def _limited(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """`protofed ARGS` under a file-size limit (RLIMIT_FSIZE) with SIGXFSZ ignored: a write
+    past it fails with EFBIG, as on a full disk."""
+    limit_then_exec = (
+        "import os, resource, signal, sys; "
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", limit_then_exec, str(BIN / "protofed"), *args],
+        env={**os.environ, **FLOWER_ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("limit", "workers", "named"),
+    [(150 * 1024, 1, "checkpoint.pt"), (100 * 1024, 2, "train.workers")],
+    ids=["mid-checkpoint", "worker-shared-memory"],
+)
+def test_a_disk_that_fills_mid_write_is_one_line_and_the_run_resumes(
+    tmp_path, limit, workers, named
+):
+    """A 150 kB limit stops torch.save's zip writer mid-checkpoint (a RuntimeError from
+    inline_container.cc before); 100 kB with workers stops torch's shared-memory file for the
+    workers' tensors (`unable to resize file`). Both were tracebacks."""
+    out = tmp_path / "run"
+    sets = [*SMALL, "model.hidden=[512]", "train.rounds=2", f"train.workers={workers}"]
+    proc = _limited(limit, "run", "--out", str(out), "-q", *_sets(sets))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert named in err and "Traceback" not in err
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not (out / "summary.json").exists()
+    result = runner.invoke(app, ["run", "--resume", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["train.lr=1e308", "train.weight_decay=1.0e39", "train.momentum=-1e39", "algorithm.mu=1e300"],
+)
+def test_float_values_that_overflow_float32_are_one_line(tmp_path, override):
+    """`train.lr=1e308` (finite in float64) overflowed float32 in training/fused.py: a
+    traceback, and a half-made run that tracebacked again on --resume."""
+    out = tmp_path / "run"
+    sets = [*SMALL, override] + (["algorithm.name=fedprox"] if "mu" in override else [])
+    result = runner.invoke(app, ["run", "--out", str(out), "-q", *_sets(sets)])
+    _one_error_line(result, override.split("=")[0], "float32")
+    assert not out.exists()
+
+
+def test_a_model_too_large_for_memory_is_one_line(tmp_path):
+    """`DefaultCPUAllocator: can't allocate memory` was a traceback."""
+    out = tmp_path / "run"
+    sets = [*SMALL, "model.hidden=[100000000]"]
+    _one_error_line(runner.invoke(app, ["run", "--out", str(out), *_sets(sets)]), "model.")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.rounds=true", "train.rounds"),
+        ("train.rounds='5'", "train.rounds"),
+        ("data.alpha=true", "data.alpha"),
+        ("model.hidden=[true]", "model.hidden"),
+        ("train.lr=false", "train.lr"),
+        ("train.lr=fast", "train.lr"),
+    ],
+)
+def test_a_boolean_or_a_string_is_not_a_number(tmp_path, override, key):
+    """`train.rounds=true` ran 1 round with exit 0."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), *_sets([*SMALL, override])])
+    _one_error_line(result, key)
+    assert not out.exists()
+    # what YAML means by a number still is one: an int for a float, 1e-3 (a string to PyYAML)
+    cfg = load_config(None, ["train.lr=1", "data.split=[0.7, 0.1, 0.2]", "algorithm.mu=1e-3"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert load_config(None, ["train.lr=1e-3"]).train.lr == 0.001
+
+
+@pytest.mark.parametrize("text", ["[]", '{"clients": {"0": 1}}', '{"counts": "x"}'])
+def test_a_partition_json_not_as_written_is_refused_by_resume_and_report(tmp_path, text):
+    """A partition.json holding a list passed `--resume` and `report`."""
+    run = _killed_run(tmp_path / "run", 2)
+    written = (run / "partition.json").read_text()
+    (run / "partition.json").write_text(text)
+    before = _snapshot(run)
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run), "-q"]), "partition.json")
+    assert _snapshot(run) == before
+    (run / "partition.json").write_text(written)
+    assert resume(run).run().status == "complete"
+    (run / "partition.json").write_text(text)
+    args = ["report", str(run), "--out", str(tmp_path / "table")]
+    _one_error_line(runner.invoke(app, args), "partition.json")
+    with pytest.raises(ConfigError, match="partition.json"):
+        load_run(run)
+
+
+def test_a_signal_after_the_summary_is_written_ends_the_run_complete(tmp_path, monkeypatch):
+    """A SIGTERM right after summary.json was written exited 130 with `interrupted after
+    round 4; continue with --resume` while the summary said complete."""
+    write_json = RunDir.write_json
+
+    def then_a_signal(self, name, obj):
+        write_json(self, name, obj)
+        if name == "summary.json":
+            raise KeyboardInterrupt  # what SIGTERM becomes (terminate_as_interrupt)
+
+    monkeypatch.setattr(RunDir, "write_json", then_a_signal)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), "-q", *_sets(SMALL)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "interrupted" not in result.output and "run directory" in result.output
+    doc = json.loads((out / "provenance.json").read_text())
+    assert doc["sessions"][-1]["outcome"] == "complete" and doc["end"] is not None
+
+
+def test_provenance_records_a_killed_session_and_the_resume(tmp_path):
+    """A SIGKILLed session kept `outcome: running, end: null` after the resume finished."""
+    run = _killed_run(tmp_path / "run", 2)
+    doc = json.loads((run / "provenance.json").read_text())
+    doc["sessions"][-1].update(outcome="running", end=None)  # as a SIGKILL leaves it
+    (run / "provenance.json").write_text(json.dumps(doc))
+    assert resume(run).run().status == "complete"
+    doc = json.loads((run / "provenance.json").read_text())
+    first, second = doc["sessions"]
+    assert first["outcome"] == "killed" and first["end"] is not None
+    assert second["outcome"] == "complete" and second["end"] is not None
+    assert doc["end"] == second["end"]

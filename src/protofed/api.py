@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from protofed.config import ExperimentConfig, build_config, load_raw, set_key
-from protofed.core.files import check_writable
+from protofed.core.files import check_writable, shared_memory_fault
 from protofed.core.results import RoundRecord, Summary
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, METRICS, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
@@ -572,6 +572,10 @@ def _drive(
             from protofed.runtime.provenance import close_session
 
             close_session(RunDir(out), Run(out).summary)
+        except RuntimeError as exc:  # a full /dev/shm: the last checkpoint stays resumable
+            if (fault := shared_memory_fault(exc)) is None:
+                raise
+            raise fault from None
         finished = Run(out)
         tracking.finish(finished.summary)
     for warning in finished.summary.warnings:

@@ -83,6 +83,19 @@ def stream_write_fault(path: Path, exc: RuntimeError) -> ConfigError:
     )
 
 
+def shared_memory_fault(exc: RuntimeError) -> ConfigError | None:
+    """torch's failure to make the shared-memory file that carries tensors to a worker
+    process (`unable to resize file </torch_...>`: /dev/shm full, or a file size limit), as
+    a one-line error; None for any other RuntimeError."""
+    text = str(exc)
+    if "unable to resize file" not in text and "unable to write to file" not in text:
+        return None
+    return ConfigError(
+        f"cannot pass tensors to the worker processes (train.workers): {first_line(exc)}; "
+        "free space in /dev/shm or lift the file size limit, then continue with --resume"
+    )
+
+
 def tensors_digest(state: Any) -> str:
     """The SHA-256 of a state's content: every tensor's dtype, shape and bytes, every
     number and string, and the nesting of dicts and lists, in order. A flipped bit in a
