@@ -751,13 +751,13 @@ def _limited(limit: int, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("limit", "workers", "named"),
-    [(150 * 1024, 1, "checkpoint.pt"), (100 * 1024, 2, "train.workers")],
+    [(120 * 1024, 1, "checkpoint.pt"), (100 * 1024, 2, "train.workers")],
     ids=["mid-checkpoint", "worker-shared-memory"],
 )
 def test_a_disk_that_fills_mid_write_is_one_line_and_the_run_resumes(
     tmp_path, limit, workers, named
 ):
-    """A 150 kB limit stops torch.save's zip writer mid-checkpoint (a RuntimeError from
+    """A 120 kB limit stops torch.save's zip writer mid-checkpoint (a RuntimeError from
     inline_container.cc before); 100 kB with workers stops torch's shared-memory file for the
     workers' tensors (`unable to resize file`). Both were tracebacks."""
     out = tmp_path / "run"
