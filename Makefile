@@ -29,8 +29,8 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks experiments
-	$(BIN)/ruff format --check src tests benchmarks experiments
+	$(BIN)/ruff check src tests benchmarks experiments docs/tutorials/*.py
+	$(BIN)/ruff format --check src tests benchmarks experiments docs/tutorials/*.py
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

@@ -66,8 +66,9 @@ if SMALL:
     settings = {"eval.every": 2, "model.alp.prototypes": [16]}
 else:
     data = {"name": "uci_har", "partition": "natural", "dir": str(DATA)}
-    train = {"rounds": 4, "local_epochs": 1, "clients_per_round": 10}
-    settings = {"eval.every": 2, "eval.generalization_samples": 600}
+    # configs/sweeps/tutorial_fedali_comparison.yaml's settings
+    train = {"rounds": 4, "local_epochs": 1, "clients_per_round": 8}
+    settings = {"eval.every": 4, "eval.generalization_samples": 500}
 
 METHODS = {  # folder -> (algorithm, ALP layers)
     "fedali": ("fedali", True),
