@@ -6,6 +6,7 @@ model that cannot take the input shape stops the run with one line and leaves no
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -212,16 +213,26 @@ def check_model_size(cfg: ExperimentConfig, input_shape: tuple[int, ...], classe
         raise
     except Exception:  # noqa: BLE001 - a plugin model that the meta device cannot build
         return
-    total = _physical_memory()
-    if total is not None and need > total:
+    free = _available_memory()
+    if free is not None and COPIES * need > free:
         raise ConfigError(
-            f"model.*: the model '{cfg.model.name}' needs {need / 2**30:.1f} GiB for its "
-            f"parameters alone, more than this machine's {total / 2**30:.1f} GiB of memory; "
-            "make it smaller (model.hidden, ...)"
+            f"model.*: the model '{cfg.model.name}' has {need / 2**30:.1f} GiB of parameters; "
+            f"a run holds {COPIES} copies, more than the {free / 2**30:.1f} GiB of memory "
+            "available; make it smaller (model.hidden, ...)"
         )
 
 
-def _physical_memory() -> int | None:
+COPIES = 4
+"""The fewest copies of the model's parameters a run holds: the server's, a client's, its
+gradients and the aggregate."""
+
+
+def _available_memory() -> int | None:
+    """MemAvailable (Linux), else the physical memory, else None."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not POSIX
