@@ -37,7 +37,16 @@ from protofed.config import ExperimentConfig, build_config, load_raw, set_key
 from protofed.core.files import check_writable, shared_memory_fault
 from protofed.core.results import RoundRecord, Summary
 from protofed.errors import ConfigError, RunComplete
-from protofed.runs import CHECKPOINT, METRICS, PARTITION, PROVENANCE, SUMMARY, RunDir, reading
+from protofed.runs import (
+    CHECKPOINT,
+    METRICS,
+    PARTITION,
+    PROVENANCE,
+    SUMMARY,
+    RunDir,
+    check_digest,
+    reading,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -227,7 +236,7 @@ class Run:
 
     def _state(self) -> dict:
         if self._checkpoint is None:
-            ckpt = self.dir.load_checkpoint(map_location=self.device)
+            ckpt = self.dir.load_checkpoint(map_location=self.device, verify=False)
             if ckpt is None:
                 raise ConfigError(
                     f"{self.path} has no {CHECKPOINT}: models can be loaded only from runs "
@@ -243,6 +252,7 @@ class Run:
                     f"{self.path / CHECKPOINT}: {fault} (the file was edited, or written by "
                     "another protofed version)"
                 )
+            check_digest(self.path / CHECKPOINT, ckpt)  # after the check that names an entry
             self._checkpoint = ckpt
         return self._checkpoint
 

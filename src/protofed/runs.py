@@ -45,9 +45,10 @@ RUN, LOCK, PROVENANCE = "run.json", ".lock", "provenance.json"
 FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY, PROVENANCE)
 CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
 DIGEST = "sha256"
-"""The checkpoint's own key for the digest of everything else in it (`tensors_digest`): in
-the same file, so no kill can leave a checkpoint and a digest that belong to different
-rounds. A checkpoint without it (written before protofed kept one) resumes unchecked."""
+"""The checkpoint's own key for the digest of everything else in it but the fingerprint
+(`tensors_digest`; the fingerprint is compared with the run's own instead): in the same
+file, so no kill can leave a checkpoint and a digest that belong to different rounds. A
+checkpoint without it (written before protofed kept one) resumes unchecked."""
 OLD_CHECKPOINT_KEYS = frozenset({*CHECKPOINT_KEYS, "trained"})
 
 
@@ -276,11 +277,15 @@ class RunDir:
     # checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, state: dict) -> None:
         """The state with its content digest (checked by `load_checkpoint`), atomically."""
-        state = {**state, DIGEST: tensors_digest(state)}
+        state = {**state, DIGEST: content_digest(state)}
         atomic_write(self.path / CHECKPOINT, lambda handle: torch.save(state, handle))
 
-    def load_checkpoint(self, map_location: str | torch.device | None = None) -> dict | None:
-        """The checkpoint, or None; an unreadable or foreign file is a one-line error."""
+    def load_checkpoint(
+        self, map_location: str | torch.device | None = None, verify: bool = True
+    ) -> dict | None:
+        """The checkpoint, or None; an unreadable or foreign file is a one-line error, and so
+        is one whose content is not what was written (`verify`; else the caller checks its
+        structure first, for an error that names the entry, then `check_digest`)."""
         path = self.path / CHECKPOINT
         if not path.exists():
             return None
@@ -297,7 +302,8 @@ class RunDir:
                 f"{path}: not a checkpoint of this protofed version (no '{missing[0]}'); "
                 "start the run again with --force"
             )
-        check_digest(path, ckpt)
+        if verify:
+            check_digest(path, ckpt)
         return ckpt
 
     @property
@@ -305,14 +311,18 @@ class RunDir:
         return (self.path / SUMMARY).exists()
 
 
+def content_digest(ckpt: dict) -> str:
+    return tensors_digest({k: v for k, v in ckpt.items() if k not in (DIGEST, "fingerprint")})
+
+
 def check_digest(path: Path, ckpt: dict) -> None:
-    """The checkpoint's content is what was written (its DIGEST); the digest is taken off.
-    Without one, only a checkpoint with no key newer than the digest passes (an older
-    protofed's): a flipped bit in the key's name is damage too."""
-    recorded = ckpt.pop(DIGEST, None)
+    """The checkpoint's content is what was written (its DIGEST). Without one, only a
+    checkpoint with no key newer than the digest passes (an older protofed's): a flipped
+    bit in the key's name is damage too."""
+    recorded = ckpt.get(DIGEST)
     if recorded is None and set(ckpt) <= OLD_CHECKPOINT_KEYS:
         return
-    if not isinstance(recorded, str) or tensors_digest(ckpt) != recorded:
+    if not isinstance(recorded, str) or content_digest(ckpt) != recorded:
         raise ConfigError(
             f"{path}: damaged (its content does not match the sha256 recorded when it was "
             "written); start the run again with --force"

@@ -9,7 +9,7 @@ from pathlib import Path
 from protofed.config import ExperimentConfig, build_config
 from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
-from protofed.runs import CHECKPOINT, RunDir
+from protofed.runs import CHECKPOINT, RunDir, check_digest
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
 from protofed.runtime.local import InProcessTransport, PooledTransport
 from protofed.runtime.loop import RoundLoop
@@ -94,7 +94,7 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         run.unlock()
         raise
     try:
-        ckpt = run.load_checkpoint(map_location=cfg.train.device)
+        ckpt = run.load_checkpoint(map_location=cfg.train.device, verify=False)
         if ckpt is None:  # killed before its first checkpoint: start again
             run.reset_metrics()
             return loop
@@ -108,6 +108,7 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
                 f"{run.path / CHECKPOINT}: no round recorded in its progress; start the run "
                 "again with --force"
             )
+        check_digest(run.path / CHECKPOINT, ckpt)  # after the checks that name an entry
         kept = run.restore_metrics(ckpt["metrics"], server_round)
         loop.history = [RoundRecord.from_json(record) for record in kept]
         loop.restore(ckpt)
