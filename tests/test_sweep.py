@@ -291,3 +291,20 @@ def test_the_experiments_readme_lists_every_page_spec_and_script() -> None:
         for p in experiments.glob(pattern)
     }
     assert present and listed == present
+
+
+def test_a_natural_run_that_recorded_its_client_count_is_the_spec_s_run():
+    """A natural partition's run writes the clients it built (`num_clients: 9` for HHAR's 9
+    users) into config.yaml; the sweep must still see it as the spec's run (not "changed")."""
+    from protofed.config import build_config
+    from protofed.sweep import config_digest
+
+    spec = build_config({"data": {"name": "digits", "partition": "natural", "num_clients": 10}})
+    recorded = spec.model_copy(deep=True)
+    recorded.data.num_clients = 9
+    assert config_digest(spec) == config_digest(recorded)
+    other = spec.model_copy(deep=True)
+    other.data.partition = "iid"
+    moved = other.model_copy(deep=True)
+    moved.data.num_clients = 9
+    assert config_digest(other) != config_digest(moved)  # elsewhere the count is the experiment

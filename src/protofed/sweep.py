@@ -378,10 +378,13 @@ def select_runs(runs: list[SweepRun], only: list[str] | None) -> list[SweepRun]:
 # the sweep folder ------------------------------------------------------------------------
 def config_digest(cfg: ExperimentConfig | Mapping[str, Any]) -> str:
     """What makes two runs the same experiment: the resolved config, data.dir left out (the
-    same data may live in another folder)."""
+    same data may live in another folder), and so is data.num_clients under a natural
+    partition (one client a group, whatever it says; a run records the count it built)."""
     data = cfg.to_dict() if isinstance(cfg, ExperimentConfig) else copy.deepcopy(dict(cfg))
     if isinstance(data.get("data"), dict):
         data["data"].pop("dir", None)
+        if data["data"].get("partition") == "natural":
+            data["data"].pop("num_clients", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
