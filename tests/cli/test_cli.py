@@ -284,7 +284,7 @@ def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
     # the same run as an earlier version wrote it: the configured count in both places
     cfg = old / "config.yaml"
     cfg.write_text(cfg.read_text().replace("num_clients: 5", "num_clients: 10", 1))
-    ckpt = torch.load(old / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(old / "checkpoint.pt", weights_only=True)
     fp = json.loads(ckpt["fingerprint"]["config"])
     assert fp["data.num_clients"] == 5
     fp["data.num_clients"] = 10

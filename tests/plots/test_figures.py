@@ -502,7 +502,7 @@ def test_labels_are_short_and_never_a_path(seeded):
         {
             "algorithm.name": "fedali",
             "model.alp.enabled": True,
-            "model.init": "/work/main/runs/pretrain/hhar_e10.safetensors",
+            "model.init": "/srv/lab/runs/pretrain/hhar_e10.safetensors",
         },
     )
     b = Group("y", {"algorithm.name": "fedavg", "model.alp.enabled": False, "model.init": None})
@@ -524,7 +524,7 @@ def test_labels_are_short_and_never_a_path(seeded):
     with pytest.raises(ConfigError, match="names 2 groups"):
         relabel(groups, {"*": "X"})
     with pytest.raises(ConfigError, match="is a path"):
-        relabel(groups, {"fedavg": "/work/main/runs/fedavg"})
+        relabel(groups, {"fedavg": "/srv/lab/runs/fedavg"})
 
 
 def test_paper_style_sizes_a_column_and_plain_log_ticks(seeded, tmp_path):
