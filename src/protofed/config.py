@@ -319,6 +319,11 @@ class TrainConfig(_Section):
         description="A reply with NaN or inf: stop the run (status diverged, exit code 3) or "
         "drop the reply (counted in the summary).",
     )
+    stacked: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description="Train a round's clients together, their weights stacked along a client "
+        "axis (training/stacked.py), where the algorithm can; auto: where it measured faster.",
+    )
 
 
 class EvalConfig(_Section):
@@ -436,6 +441,60 @@ class AggregationConfig(_Section):
     )
 
 
+class PrivacyConfig(_Section):
+    """Client-level differential privacy (docs/privacy.md): every record a client sends is
+    clipped and Gaussian noise is added, on the server to the mean (`central`) or by each
+    client (`local`); dp-accounting's accountant gives epsilon at `delta` after every round.
+    Off by default: a run without it computes exactly what it did before."""
+
+    enabled: bool = False
+    mode: Literal["central", "local"] = Field(
+        "central",
+        description="central: the server adds the noise to the mean of the clipped replies "
+        "and sees nothing else; local: each client noises what it sends.",
+    )
+    clip_norm: float = Field(
+        1.0, gt=0, description="L2 bound on a client's model update (its weights minus those sent)."
+    )
+    prototype_clip: float = Field(
+        1.0,
+        gt=0,
+        description="L2 bound on each other record a client sends (a class-prototype table, "
+        "FedAli's banks), as one vector.",
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        ge=0,
+        description="sigma: noise std over the L2 sensitivity; None: calibrated from "
+        "target_epsilon for the run's rounds and sampling.",
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0, description="The epsilon the whole run may spend (sets noise_multiplier)."
+    )
+    delta: float = Field(1e-5, gt=0, lt=1, description="The delta epsilon is stated at.")
+    sampling: Literal["fixed", "poisson"] = Field(
+        "fixed",
+        description="fixed: the round's m of N clients without replacement (replace-one "
+        "adjacency); poisson: each client with probability m/N (add-or-remove-one).",
+    )
+    accountant: Literal["rdp", "pld"] = Field(
+        "rdp", description="dp-accounting's Renyi (rdp) or privacy-loss-distribution accountant."
+    )
+    adaptive: bool = Field(
+        False, description="Adaptive clipping (Andrew et al. 2021): clip_norm is the start."
+    )
+    target_quantile: float = Field(
+        0.5, gt=0, lt=1, description="adaptive: the fraction of updates left unclipped."
+    )
+    clip_lr: float = Field(0.2, gt=0, description="adaptive: the geometric step of clip_norm.")
+    count_noise: float | None = Field(
+        None,
+        gt=0,
+        description="adaptive: std of the noise on the unclipped count; None: the round's "
+        "clients / 20, as in the paper.",
+    )
+
+
 class PretrainConfig(_Section):
     """`protofed pretrain`: FedAli's masked-autoencoder pre-training of HART (section 5.4;
     docs/pretraining.md). Read by that command only; a run sees its result through
@@ -470,6 +529,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
 
     def to_dict(self) -> dict[str, Any]:

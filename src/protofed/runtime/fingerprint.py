@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from protofed.config import flatten
+from protofed.config import PrivacyConfig, flatten
 from protofed.core.types import Arrays, records_fault
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
@@ -44,6 +44,8 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "model.hart.mlp_dropout": 0.0,
     "model.hart.mlp_activation": "gelu",
     "model.hart.embedding_activation": "relu",
+    "train.stacked": "auto",
+    **{f"privacy.{key}": value for key, value in PrivacyConfig().model_dump(mode="json").items()},
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
 behaviour, so those checkpoints still resume (tests/test_runs.py resumes a run written before
