@@ -384,6 +384,24 @@ def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
     assert summary["final"]["personalization"]["acc"] > 0.5
 
 
+def test_the_non_finite_guard_names_the_first_bad_array_and_only_then_scans():
+    """One sum per array decides; a total that overflows from finite values is no fault."""
+    from protofed.runtime.loop import nonfinite
+
+    big = torch.full((4,), 3e38)  # finite, but its float32 sum is inf
+    clean = {"model": {"w": torch.randn(5, 3), "b": torch.zeros(3), "n": torch.arange(3)}}
+    assert nonfinite(clean) is None and nonfinite({"model": {"w": big}}) is None
+    assert nonfinite({"h": {"w": torch.full((9,), 60000.0, dtype=torch.float16)}}) is None
+    assert nonfinite({"e": {}, "m": {"n": torch.tensor([1, 2])}}) is None
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        w = torch.randn(6, dtype=torch.float64)
+        w[4] = bad
+        records = {**clean, "state": {"ok": big, "w": w, "v": w.clone()}}
+        assert nonfinite(records) == "state/w"
+    both = {"a": {"x": torch.tensor([float("inf")]), "y": torch.tensor([-float("inf")])}}
+    assert nonfinite(both) == "a/x"  # inf + -inf is NaN: still named, the first one
+
+
 # 3. bad files and failing disks: one line, exit code 2, nothing half-written ---------------
 
 
