@@ -1,0 +1,271 @@
+"""A round's clients trained together: their weights and optimizer states stacked on a client axis.
+
+A federated round trains many small models, each with many tiny steps. One client at a time,
+a GPU spends those steps launching kernels; stacked, every step is one program for all the
+round's clients: `torch.func.functional_call` runs the workspace model with a client's weights,
+`grad_and_value` takes its gradient and `vmap` maps both over the client axis, then one
+optimizer update moves every client's slice.
+
+Each client gets exactly what training it alone gives (`training.loop.train_epochs`), to fp32
+rounding (tests/training/test_stacked.py):
+- its batches in the order its own generator draws them (`training.loop.batches`, epoch by
+  epoch), padded to the batch size with examples of weight zero, so a short last batch is the
+  mean over its own examples;
+- its own number of steps: clients are ordered by their step count, so at every step the
+  clients that still have batches are the first k, and only their slices are computed and
+  updated. A client out of batches takes no step: its weights and its momentum or Adam state
+  are not touched (not a zero-gradient step, which would move momentum and Adam's moments);
+- torch.optim's update rules for SGD (momentum, dampening-free as `make_optimizer` builds it,
+  Nesterov, weight decay), Adam and AdamW, with the hyperparameters `make_optimizer` gives;
+  every client's step count is the global step, since a client steps at every step until it
+  is out of batches.
+
+It applies to a model whose training forward pass is a pure function of its parameters: no
+buffers (BatchNorm statistics would be updated in place) and no dropout (its masks would be
+drawn for all clients at once, so not the per-client path's). The loss is cross-entropy plus
+an optional per-client `Term` of the client's weights and its own tensors (FedProx's
+proximal term and its anchor). What runs stacked is decided in `runtime.local`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from protofed.config import TrainConfig
+from protofed.core.types import Arrays, FitResult, Metrics, Records
+from protofed.nn import linear
+from protofed.training.client import Client
+from protofed.training.loop import autocast, batches, make_optimizer
+
+Term = Callable[[Arrays, Arrays], torch.Tensor]
+"""A per-client addition to the loss: (one client's parameters, its own tensors) -> scalar."""
+
+
+@dataclass(frozen=True)
+class StackedTask:
+    """One client's part of a stacked round: the weights it starts from (every parameter of
+    the model) and the tensors its loss term reads (FedProx: its anchor), if any."""
+
+    start: Arrays
+    aux: Arrays = field(default_factory=dict)
+
+
+@runtime_checkable
+class StackedFit(Protocol):
+    """What an algorithm with `stackable = True` adds to `fit`, split around the training:
+    `stacked_task` is `fit` up to its `train_model` call, `stacked_term` the loss's
+    per-client term (None: plain cross-entropy) and `stacked_result` the rest of `fit`,
+    given the weights and metrics training gave."""
+
+    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask: ...
+
+    def stacked_term(self) -> Term | None: ...
+
+    def stacked_result(
+        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
+    ) -> FitResult: ...
+
+
+def model_reason(model: nn.Module) -> str | None:
+    """Why this model cannot train stacked (None: it can)."""
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (BatchNorm statistics), updated in place per client"
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return "the model has dropout, whose masks stacked would not be each client's own"
+    return None
+
+
+@contextlib.contextmanager
+def _plain_linear() -> Iterator[None]:
+    """protofed's Linear on torch's own op: its oneDNN autograd function has no vmap rule."""
+    before = linear.USE_ONEDNN
+    linear.USE_ONEDNN = False
+    try:
+        yield
+    finally:
+        linear.USE_ONEDNN = before
+
+
+@dataclass
+class Schedule:
+    """Every client's batches, clients ordered by step count (most first).
+
+    `index[t, j]`: row numbers into the round's concatenated data of the j-th client's batch at
+    step t, padded with row 0; `weight[t, j]`: 1/len(batch) for its rows, 0 for the padding.
+    `active[t]`: how many clients (a prefix) still have a batch at step t.
+    """
+
+    order: list[int]
+    steps: list[int]
+    index: torch.Tensor
+    weight: torch.Tensor
+    active: list[int]
+
+
+def schedule(clients: list[Client], epochs: int, batch_size: int) -> Schedule:
+    """Draw each client's batches from its own generator, as `train_epochs` would."""
+    drawn, offset = [], 0
+    for c in clients:
+        n = c.num_examples
+        own = [b + offset for _ in range(epochs) for b in batches(n, batch_size, c.generator)]
+        drawn.append(own)
+        offset += n
+    steps = [len(b) for b in drawn]
+    order = sorted(range(len(clients)), key=lambda i: -steps[i])  # stable: ties keep order
+    longest = max(steps, default=0)
+    index = torch.zeros(longest, len(clients), batch_size, dtype=torch.long)
+    weight = torch.zeros(longest, len(clients), batch_size)
+    for j, i in enumerate(order):
+        for t, rows in enumerate(drawn[i]):
+            index[t, j, : len(rows)] = rows
+            weight[t, j, : len(rows)] = 1.0 / len(rows) if len(rows) else 0.0
+    active = [sum(1 for i in order if steps[i] > t) for t in range(longest)]
+    return Schedule(order, [steps[i] for i in order], index, weight, active)
+
+
+class StackedOptimizer:
+    """torch.optim's SGD, Adam or AdamW on stacked parameters, one prefix of clients a step.
+
+    The hyperparameters are those of the optimizer `make_optimizer` builds for one client; the
+    arithmetic is torch's single-tensor update, element by element, on all tensors at once.
+    """
+
+    def __init__(self, params: list[torch.Tensor], train: TrainConfig, lr: float | None) -> None:
+        probe = make_optimizer([torch.zeros(1, requires_grad=True)], train, lr)
+        self.kind = train.optimizer
+        self.hp = dict(probe.defaults)
+        self.params = params
+        self.step_count = 0
+        momentum = self.kind == "sgd" and self.hp["momentum"] != 0
+        adam = self.kind in ("adam", "adamw")
+        self.first = [torch.zeros_like(p) for p in params] if momentum or adam else []
+        self.second = [torch.zeros_like(p) for p in params] if adam else []
+
+    def step(self, k: int, grads: list[torch.Tensor]) -> None:
+        """Update the first `k` clients' slices with their gradients (each (k, ...))."""
+        self.step_count += 1
+        params = [p[:k] for p in self.params]
+        if self.kind == "sgd":
+            self._sgd(k, params, grads)
+        else:
+            self._adam(k, params, grads)
+
+    def _sgd(self, k: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        hp = self.hp
+        lr, wd, momentum = hp["lr"], hp["weight_decay"], hp["momentum"]
+        if wd != 0:
+            grads = list(torch._foreach_add(grads, params, alpha=wd))
+        if momentum != 0:
+            bufs = [b[:k] for b in self.first]
+            if self.step_count == 1:  # torch: the buffer starts as the first gradient
+                torch._foreach_copy_(bufs, grads)
+            else:
+                torch._foreach_mul_(bufs, momentum)
+                torch._foreach_add_(bufs, grads, alpha=1 - hp["dampening"])
+            nesterov = hp["nesterov"]
+            grads = list(torch._foreach_add(grads, bufs, alpha=momentum)) if nesterov else bufs
+        torch._foreach_add_(params, grads, alpha=-lr)
+
+    def _adam(self, k: int, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        hp = self.hp
+        lr, wd, eps = hp["lr"], hp["weight_decay"], hp["eps"]
+        beta1, beta2 = hp["betas"]
+        if wd != 0:
+            if self.kind == "adamw":
+                torch._foreach_mul_(params, 1 - lr * wd)
+            else:
+                grads = list(torch._foreach_add(grads, params, alpha=wd))
+        exp_avg = [m[:k] for m in self.first]
+        exp_avg_sq = [v[:k] for v in self.second]
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+        step = float(self.step_count)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        denom = list(torch._foreach_sqrt(exp_avg_sq))
+        torch._foreach_div_(denom, bias_correction2**0.5)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
+
+
+def _loss_and_grad(
+    model: nn.Module, term: Term | None
+) -> Callable[..., tuple[Arrays, torch.Tensor]]:
+    """vmap(grad_and_value(one client's loss)) over (params, x, y, weight, aux)."""
+
+    def loss(
+        params: Arrays, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, aux: Arrays
+    ) -> torch.Tensor:
+        logits = functional_call(model, params, (x,))
+        value = (F.cross_entropy(logits, y, reduction="none") * w).sum()
+        return value if term is None else value + term(params, aux)
+
+    return vmap(grad_and_value(loss))
+
+
+def train_stacked(
+    model: nn.Module,
+    clients: list[Client],
+    tasks: list[StackedTask],
+    term: Term | None = None,
+    *,
+    lr: float | None = None,
+) -> list[tuple[Arrays, Metrics]]:
+    """Train every client from its task's weights at once; each one's weights and metrics.
+
+    All clients share `clients[0].train` (one experiment's round). The workspace `model` is
+    only the function: its own weights are not read or changed. Metrics are those of
+    `train_epochs`: the mean loss of the client's steps (with its term) and their number.
+    """
+    if not clients:
+        return []
+    train = clients[0].train
+    names = [name for name, _ in model.named_parameters()]
+    for task in tasks:
+        if set(task.start) != set(names):
+            raise ValueError("a stacked task starts from every parameter of the model")
+    device = tasks[0].start[names[0]].device
+    plan = schedule(clients, train.local_epochs, train.batch_size)
+    params = {n: torch.stack([tasks[i].start[n] for i in plan.order]).detach() for n in names}
+    aux_names = sorted(tasks[0].aux)
+    aux = {n: torch.stack([tasks[i].aux[n] for i in plan.order]) for n in aux_names}
+    x = torch.cat([c.data.train_x for c in clients]).to(device)
+    y = torch.cat([c.data.train_y for c in clients]).to(device)
+    index, weight = plan.index.to(device), plan.weight.to(device)
+    optimizer = StackedOptimizer([params[n] for n in names], train, lr)
+    total = torch.zeros(len(clients), device=device)
+    step = _loss_and_grad(model, term)
+    was_training = model.training
+    model.train()
+    precision = autocast(train, device)
+    with _plain_linear():
+        for t, k in enumerate(plan.active):
+            rows = index[t, :k]
+            with precision:
+                grads, loss = step(
+                    {n: p[:k] for n, p in params.items()},
+                    x[rows],
+                    y[rows],
+                    weight[t, :k],
+                    {n: a[:k] for n, a in aux.items()},
+                )
+            optimizer.step(k, [grads[n] for n in names])
+            total[:k] += loss.detach().float()
+    model.train(was_training)
+    losses = total.tolist()
+    out: list[tuple[Arrays, Metrics]] = [({}, {}) for _ in clients]
+    for j, i in enumerate(plan.order):
+        weights = {n: params[n][j].clone() for n in names}
+        steps = plan.steps[j]
+        out[i] = (weights, {"loss": losses[j] / max(steps, 1), "steps": float(steps)})
+    return out
