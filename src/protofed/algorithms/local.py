@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Metrics, Records, Reply
 from protofed.training.client import Client
+from protofed.training.stacked import StackedTask, Term
 
 
 class Local(Algorithm):
@@ -14,6 +15,7 @@ class Local(Algorithm):
     summary = "Local training only: each client trains on its own data, no communication."
     reference = "Local-only baseline (lower reference of personalized FL; no federation)"
     has_global_model = False
+    stackable = True
 
     class Params(Hyperparams):
         """No hyperparameters: local epochs, optimizer and lr come from `train`."""
@@ -32,6 +34,18 @@ class Local(Algorithm):
         client.load(self.own_model(state))
         metrics = client.train_model()
         return FitResult({}, metrics, {MODEL: client.weights()})  # nothing is sent: zero bytes up
+
+    # the same step stacked (train.stacked): from its own model, which it keeps
+    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask:
+        return StackedTask(self.own_model(state))
+
+    def stacked_term(self) -> Term | None:
+        return None
+
+    def stacked_result(
+        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
+    ) -> FitResult:
+        return FitResult({}, metrics, {MODEL: weights})
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

@@ -29,10 +29,33 @@ from protofed.core.types import (
     nbytes,
 )
 from protofed.data.federated import ClientData
+from protofed.errors import ConfigError
 from protofed.models.base import FedModel
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
 from protofed.training.client import Client
+from protofed.training.stacked import StackedFit, model_reason, train_stacked
+
+STACK_GROUP = 100
+"""The most clients trained stacked at once: a round of more trains in groups of this many,
+so memory grows with the group, not with the round."""
+
+
+def client_context(
+    cfg: ExperimentConfig, model: FedModel, data: ClientData, client: int, server_round: int
+) -> Client:
+    """What `fit` is handed for `client` this round, its streams seeded from (seed, round,
+    client): its generator (batch order) and torch's global one (dropout masks)."""
+    seed = cfg.seed
+    torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, server_round, client + 1, 1))  # dropout
+    return Client(
+        id=client,
+        data=data,
+        model=model,
+        train=cfg.train,
+        server_round=server_round,
+        generator=torch_generator(seed, CLIENT_TRAIN, server_round, client + 1),
+    )
 
 
 def run_fit(
@@ -50,16 +73,7 @@ def run_fit(
     Shared by every engine (the Flower ClientApp too), so a client draws the same batches
     and dropout masks wherever it runs (streams keyed by seed, round and client).
     """
-    seed = cfg.seed
-    torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, server_round, client + 1, 1))  # dropout
-    context = Client(
-        id=client,
-        data=data,
-        model=model,
-        train=cfg.train,
-        server_round=server_round,
-        generator=torch_generator(seed, CLIENT_TRAIN, server_round, client + 1),
-    )
+    context = client_context(cfg, model, data, client, server_round)
     result = algorithm.fit(context, message, state)
     check_result(result, "fit", type(algorithm).__name__)
     return result
@@ -100,17 +114,95 @@ def fit_and_count(
     return result, nbytes(message), trained
 
 
+def unstackable(cls: type[Algorithm]) -> str | None:
+    """Why `cls` cannot train a round's clients stacked (None: it can), for `protofed list`."""
+    if not cls.stackable:
+        return cls.stack_reason
+    if cls.pools_data:
+        return "it trains one client on every client's data"
+    owner = next(k for k in cls.__mro__ if "fit" in vars(k))
+    if "stacked_task" not in vars(owner):  # a mix-in's fit around the algorithm's (ALA)
+        return f"{owner.__name__}.fit does more than the stacked step"
+    return None
+
+
+def stacked_reason(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) -> str | None:
+    """Why this experiment cannot train stacked (None: it can)."""
+    if cfg.privacy.enabled:
+        return "privacy.enabled wraps each client's fit, which stacked training would bypass"
+    why = unstackable(type(algorithm))
+    if why is None and not isinstance(algorithm, StackedFit):
+        why = "it has no stacked_task, stacked_term and stacked_result"
+    if why is not None:
+        return f"{algorithm.name} cannot: {why}"
+    return model_reason(model)
+
+
+def stacked_faster(device: torch.device) -> bool:
+    """`train.stacked=auto`'s rule: stacked where it measured faster than one client at a
+    time. Nowhere yet: no GPU sitting has measured it (benchmarks/gpu_throughput.py), and on
+    the CPU a first probe found it slower; a measurement changes this, not a guess."""
+    return False
+
+
+def use_stacked(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) -> bool:
+    """Whether the round's clients train stacked (`train.stacked`): true where it can (else
+    a one-line ConfigError), false never, auto where it can and measured faster."""
+    mode = cfg.train.stacked
+    if mode == "false":
+        return False
+    reason = stacked_reason(cfg, algorithm, model)
+    if mode == "true" and reason is not None:
+        raise ConfigError(f"train.stacked=true: {reason} (set train.stacked=auto or false)")
+    if mode == "true":
+        return True
+    return reason is None and stacked_faster(torch.device(cfg.train.device))
+
+
+def fit_stacked(
+    prepared: Prepared,
+    server: Records,
+    clients: list[int],
+    server_round: int,
+    states: list[Records],
+) -> list[tuple[FitResult, int, Arrays | None]]:
+    """`fit_and_count` for every client in `clients`, trained stacked (training/stacked.py):
+    each client's reply, the bytes of its message and the model it keeps, in order."""
+    algorithm, cfg = prepared.algorithm, prepared.cfg
+    if not isinstance(algorithm, StackedFit):
+        raise TypeError(f"{type(algorithm).__name__} cannot train stacked")
+    messages = [algorithm.configure(server, c, server_round) for c in clients]
+    contexts = [
+        client_context(cfg, prepared.model, prepared.client_data(c, server_round), c, server_round)
+        for c in clients
+    ]
+    tasks = [
+        algorithm.stacked_task(context, message, state)
+        for context, message, state in zip(contexts, messages, states, strict=True)
+    ]
+    trained = train_stacked(prepared.model, contexts, tasks, algorithm.stacked_term())
+    out = []
+    for message, state, (weights, metrics) in zip(messages, states, trained, strict=True):
+        result = algorithm.stacked_result(message, state, weights, metrics)
+        check_result(result, "fit", type(algorithm).__name__)
+        kept = algorithm.trained_model(message, result) if keeps_trained(cfg) else None
+        out.append((result, nbytes(message), kept))
+    return out
+
+
 class InProcessTransport:
-    """Trains the sampled clients here, serially or in `workers` forked processes."""
+    """Trains the sampled clients here, serially, in `workers` forked processes, or stacked
+    (`train.stacked`: all of a round's clients at once, in this process)."""
 
     name = "builtin"
 
     def __init__(self, prepared: Prepared, workers: int = 1) -> None:
         self.prepared = prepared
+        self.stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)
         self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
         # client id -> its model right after its last `fit` (eval.client_model=trained)
         self.trained: dict[int, Arrays] | None = {} if keeps_trained(prepared.cfg) else None
-        parallel = workers > 1 and prepared.cfg.train.device == "cpu"
+        parallel = workers > 1 and prepared.cfg.train.device == "cpu" and not self.stacked
         self.pool = WorkerPool(prepared, workers) if parallel else None
         self.workers = workers if parallel else 1  # processes training clients (1: serial)
 
@@ -119,6 +211,9 @@ class InProcessTransport:
 
     def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
         """Each sampled client's reply and the bytes each way, lazily, in sampling order."""
+        if self.stacked:
+            yield from self.fit_stacked(server, server_round, clients)
+            return
         p = self.prepared
         tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]
         if self.pool is not None:
@@ -127,9 +222,25 @@ class InProcessTransport:
             results = (fit_and_count(p, *task) for task in tasks)
         for cid, (result, down, trained) in zip(clients, results, strict=True):
             self.keep(cid, result, trained)
-            examples = len(p.client_data(cid, server_round).train_y)
-            reply = Reply(cid, result.reply, result.metrics, float(examples))
-            yield Delivery(reply, down, nbytes(result.reply))
+            yield self.delivery(cid, server_round, result, down)
+
+    def fit_stacked(
+        self, server: Records, server_round: int, clients: list[int]
+    ) -> Iterator[Delivery]:
+        """`fit` with the clients trained stacked, `STACK_GROUP` at a time."""
+        for first in range(0, len(clients), STACK_GROUP):
+            group = clients[first : first + STACK_GROUP]
+            states = [self.state_of(cid) for cid in group]
+            results = fit_stacked(self.prepared, server, group, server_round, states)
+            for cid, (result, down, trained) in zip(group, results, strict=True):
+                self.keep(cid, result, trained)
+                yield self.delivery(cid, server_round, result, down)
+
+    def delivery(self, client: int, server_round: int, result: FitResult, down: int) -> Delivery:
+        """A client's reply with its example count, and the bytes each way."""
+        examples = len(self.prepared.client_data(client, server_round).train_y)
+        reply = Reply(client, result.reply, result.metrics, float(examples))
+        return Delivery(reply, down, nbytes(result.reply))
 
     def keep(self, client: int, result: FitResult, trained: Arrays | None) -> None:
         """What the runtime keeps of a client's `fit`: its state, and its trained model."""
