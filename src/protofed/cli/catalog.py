@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from protofed.cli.common import console, user_errors
 from protofed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from protofed.algorithms import Algorithm
 
 
 def list_() -> None:
@@ -67,10 +70,11 @@ def _build_catalog() -> Catalog:
             out[name] = line if dist is None else f"{line} (plugin: {dist})"
         return out
 
+    registry = algorithms.load_plugins()
     return [
         (
-            "algorithms",
-            lines("algorithms", {k: v.summary for k, v in algorithms.load_plugins().items()}),
+            _algorithms_title(registry),
+            lines("algorithms", {k: v.summary for k, v in registry.items()}),
         ),
         ("datasets", lines("datasets", {k: v.description for k, v in data.load_plugins().items()})),
         (
@@ -79,6 +83,14 @@ def _build_catalog() -> Catalog:
         ),
         ("models", lines("models", {k: v.description for k, v in models.load_plugins().items()})),
     ]
+
+
+def _algorithms_title(registry: dict[str, type[Algorithm]]) -> str:
+    """The algorithms table's title, naming those whose clients can train stacked."""
+    from protofed.runtime.local import unstackable
+
+    names = ", ".join(name for name, cls in registry.items() if unstackable(cls) is None)
+    return f"algorithms (train.stacked trains a round's clients together for: {names or 'none'})"
 
 
 def _catalog_key() -> str:
@@ -160,6 +172,11 @@ def info(
     console.print(f"[bold]{cls.name}[/]: {cls.summary}", highlight=False)
     if cls.reference:
         console.print(f"reference: {cls.reference}", highlight=False)
+    from protofed.runtime.local import unstackable
+
+    why_not = unstackable(cls)
+    stacked = "yes" if why_not is None else f"no: {why_not}"
+    console.print(f"stacked training (train.stacked): {stacked}", highlight=False)
     table = Table(
         title="hyperparameters (set with -s algorithm.<name>=<value>)", title_justify="left"
     )
