@@ -223,6 +223,7 @@ def _scores(record: object, path: str = "") -> dict[str, float]:
         ("fedavg", ()),
         ("fedprox", ("algorithm.mu=0.1",)),
         ("local", ()),
+        ("fedper", ("eval.client_model=trained",)),
         ("fedavg", ("eval.client_model=trained", "train.optimizer=adam", "train.lr=0.01")),
     ],
 )
@@ -239,8 +240,10 @@ def test_a_whole_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra):
             torch.testing.assert_close(got.server[record][name], value, **TIGHT)
     assert set(got.transport.states) == set(ref.transport.states)
     for cid, state in ref.transport.states.items():
-        for name, value in state.get("model", {}).items():
-            torch.testing.assert_close(got.transport.states[cid]["model"][name], value, **TIGHT)
+        assert set(got.transport.states[cid]) == set(state)
+        for record, arrays in state.items():
+            for name, value in arrays.items():
+                torch.testing.assert_close(got.transport.states[cid][record][name], value, **TIGHT)
     assert set(got.transport.trained or {}) == set(ref.transport.trained or {})
     for cid, kept in (ref.transport.trained or {}).items():
         for name, value in kept.items():
@@ -260,7 +263,7 @@ def test_a_whole_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra):
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
-        (("algorithm.name=fedper",), "fedper cannot"),
+        (("algorithm.name=ditto",), "ditto cannot"),
         (("algorithm.name=fedala",), "fedala cannot"),
         (("model.name=cnnbn",), "buffers"),
     ],
