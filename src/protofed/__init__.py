@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from protofed.core.results import (
         ClientScores,
         GlobalScores,
+        PrivacySummary,
         ReportedRound,
         RoundInfo,
         RoundRecord,
@@ -33,6 +34,7 @@ _LAZY = {
         (
             "ClientScores",
             "GlobalScores",
+            "PrivacySummary",
             "ReportedRound",
             "RoundInfo",
             "RoundRecord",
@@ -92,6 +94,7 @@ __all__ = [
     "ClientScores",
     "ConfigError",
     "GlobalScores",
+    "PrivacySummary",
     "ReportedRound",
     "RoundInfo",
     "RoundRecord",

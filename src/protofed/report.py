@@ -53,6 +53,7 @@ METRICS: list[tuple[str, str, int]] = [
     ("up_MB_per_round", "MB", 3),
     ("down_MB_per_round", "MB", 3),
     ("s_per_round", "s", 2),
+    ("epsilon", "", 2),
 ]
 UNITS = {name: (unit, decimals) for name, unit, decimals in METRICS}
 INFO = ["algorithm", "dataset", "seed"]  # per run, not averaged
@@ -88,6 +89,7 @@ PRINTED = (
     "global_f1",
     "MB_per_round",
     "s_per_round",
+    "epsilon",
 )
 WHICH = ("selected", "final")
 LABEL_FIRST = ("algorithm.name", "data.name")  # a group label starts with these keys
@@ -214,6 +216,8 @@ def run_row(
     row["up_MB_per_round"] = up / rounds
     row["down_MB_per_round"] = down / rounds
     row["s_per_round"] = summary.time.total_s / rounds
+    # what the whole run spent (privacy.enabled): every round's release counts
+    row["epsilon"] = summary.privacy.epsilon if summary.privacy is not None else None
     if domains:  # the clients' mean personalization accuracy per natural group (domain)
         if at is None or not at.clients.pers_acc:
             raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")

@@ -241,6 +241,8 @@ def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundC
     for part, label in ((record.generalization, "gen"), (record.global_, "global")):
         if part is not None:
             parts.append(f"{label} F1 {_pct(part.f1)}")
+    if record.epsilon is not None:
+        parts.append(f"ε {record.epsilon:.3g}")
     per = clock.per_round
     parts.append(f"{per:.1f} s/round" if per >= 1 else f"{per:.2f} s/round")
     parts.append(f"ETA {duration(clock.eta_s(server_round, total))}")
@@ -477,6 +479,7 @@ class Tracking:
         self.clock = RoundClock()
         self.loss: float | None = None
         self.pers_f1: float | None = None
+        self.epsilon: float | None = None  # privacy spent so far (privacy.enabled)
         self.summary: Summary | None = None
         self.loggers = build_loggers(log)
         start = RunStart(Path(run_dir).absolute(), total, done + 1, dict(config or {}))
@@ -501,6 +504,7 @@ class Tracking:
     def __call__(self, server_round: int, info: RoundInfo, record: RoundRecord | None) -> None:
         round_s = self.clock.tick()
         self.loss = _number(info.train_loss)
+        self.epsilon = _number(info.server.get("epsilon"))
         if record is not None:
             self.pers_f1 = _number(record.personalization.f1)
         if self.loggers:
@@ -518,7 +522,8 @@ class Tracking:
     def status(self) -> str:
         """The latest train loss and personalization F1, for a progress bar."""
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
-        return f"loss {loss}  pers F1 {_pct(self.pers_f1)}"
+        spent = "" if self.epsilon is None else f"  ε {self.epsilon:.3g}"
+        return f"loss {loss}  pers F1 {_pct(self.pers_f1)}{spent}"
 
     def finish(self, summary: Summary | None) -> None:
         """The run ended with `summary` (None: no summary, e.g. it was interrupted)."""

@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -60,7 +61,20 @@ EQUIVALENT = ["fedavg", "fedali", "pfpl", "fedproto", "ditto", "fedsub"]
 # scored with the model kept in Context.state after their last training (half the clients a
 # round, so some are scored with an older one, or never trained), macro-F1 over the union.
 TRAINED = ["eval.client_model=trained", "eval.f1_labels=union", "train.client_fraction=0.5"]
-VARIANTS = {"fedavg:trained": TRAINED, "fedali:trained": TRAINED}
+# and under differential privacy: the server's noise on the mean (adaptive clipping, Poisson
+# sampling), and each client's own noise on its prototypes
+DP = ["privacy.enabled=true", "privacy.noise_multiplier=0.5", "privacy.prototype_clip=5"]
+VARIANTS = {
+    "fedavg:trained": TRAINED,
+    "fedali:trained": TRAINED,
+    "fedavg:dp": [
+        *DP,
+        "privacy.adaptive=true",
+        "privacy.count_noise=1",
+        "privacy.sampling=poisson",
+    ],
+    "fedproto:dp-local": [*DP, "privacy.mode=local"],
+}
 CASES = {**{name: [] for name in EQUIVALENT}, **VARIANTS}
 SMALL = {  # per-algorithm settings that keep the runs short
     "fedali": [
@@ -614,7 +628,7 @@ class _Secured:
     def __init__(self, folder: Path, node_ports: int) -> None:
         self.folder = folder
         self.tls = _tls_files(folder / "tls")
-        self.link, *self.node_ports = _free_ports(1 + node_ports)
+        self.link, self.gate_port, *self.node_ports = _free_ports(2 + node_ports)
         home = folder / "flwr_home"
         home.mkdir()
         (home / "config.toml").write_text(
@@ -658,12 +672,38 @@ class _Secured:
                 "--ssl-keyfile",
                 str(tls["key"]),
                 "--enable-supernode-auth",
+                "--host",
+                "127.0.0.1",
                 "--port",
                 str(self.link),
             ],
             "superlink",
         )
         _wait_for_port(self.link, proc, 60)
+        return proc
+
+    def gate(self) -> subprocess.Popen:
+        """`protofed flower gate` in front of the SuperLink: what SuperNodes dial."""
+        tls = self.tls
+        proc = self.launch(
+            [
+                "protofed",
+                "flower",
+                "gate",
+                "--listen",
+                f"127.0.0.1:{self.gate_port}",
+                "--superlink",
+                f"127.0.0.1:{self.link}",
+                "--ssl-certfile",
+                str(tls["cert"]),
+                "--ssl-keyfile",
+                str(tls["key"]),
+                "--ssl-ca-certfile",
+                str(tls["ca"]),
+            ],
+            "gate",
+        )
+        _wait_for_port(self.gate_port, proc, 60)
         return proc
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -706,7 +746,7 @@ class _Secured:
             [
                 "flower-supernode",
                 "--superlink",
-                f"127.0.0.1:{self.link}",
+                f"127.0.0.1:{self.gate_port}",  # the gate: SuperNodes never see the SuperLink
                 "--root-certificates",
                 str(self.tls["ca"]),
                 "--auth-supernode-private-key",
@@ -742,6 +782,7 @@ def test_deployment_on_loopback_with_three_supernodes(har, tmp_path) -> None:
     out = tmp_path / "run"
     try:
         flower.superlink()
+        flower.gate()
         registered = flower.register([public for _, public in keys])
         for i, (port, part, (private, _)) in enumerate(
             zip(flower.node_ports, parts, keys, strict=True)
@@ -784,6 +825,7 @@ def test_a_supernode_whose_key_is_not_registered_is_refused(tmp_path) -> None:
     t0 = time.monotonic()
     try:
         flower.superlink()
+        flower.gate()
         (registered,) = flower.register([known])
         node = flower.supernode("stranger", stranger, flower.node_ports[0])
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -799,3 +841,123 @@ def test_a_supernode_whose_key_is_not_registered_is_refused(tmp_path) -> None:
     assert "No SuperNode found with the given public key" in flower.log("superlink")
     assert listed == {registered: "registered"}  # the stranger is not there; nobody is online
     assert time.monotonic() - t0 < 60
+
+
+MARKER_APP = {
+    "pyproject.toml": """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "marker-app"
+version = "0.1.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "stranger"
+
+[tool.flwr.app.components]
+serverapp = "marker:app"
+clientapp = "marker:client"
+""",
+    "marker.py": '''"""Writes a file when imported: proof that a submitted run reached the SuperLink."""
+
+import os
+from pathlib import Path
+
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+Path(os.environ["PROTOFED_TEST_MARKER"]).write_text("a submitted run was imported\\n")
+app = ServerApp()
+client = ClientApp()
+
+
+@app.main()
+def main(grid, context) -> None:
+    pass
+''',
+}
+
+
+def _non_loopback_ipv4() -> str | None:
+    """An IPv4 address of this machine that is not loopback, if it has one."""
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_only_the_superlinks_machine_can_submit_runs(tmp_path) -> None:
+    """The documented secure deployment (docs/flower.md): the SuperLink on loopback, the
+    Fleet gate on the address SuperNodes dial. A stranger holding `ca.crt` (and one holding a
+    registered SuperNode's key) reaches only the gate: `flwr run` through it fails and nothing
+    runs, every Control and Runtime route is 404 there; the SuperLink's own port is closed on
+    the machine's other addresses; a registered SuperNode joins through the gate; the
+    operator, on the SuperLink's machine, submits the same app and it runs."""
+    import httpx
+
+    app = tmp_path / "marker_app"
+    app.mkdir()
+    for name, text in MARKER_APP.items():
+        (app / name).write_text(text)
+    marker = tmp_path / "marker.txt"
+    flower = _Secured(tmp_path, node_ports=1)
+    flower.env["PROTOFED_TEST_MARKER"] = str(marker)
+    with open(Path(flower.env["FLWR_HOME"]) / "config.toml", "a") as f:  # the stranger's view
+        f.write(
+            f'\n[superlink.stranger]\naddress = "127.0.0.1:{flower.gate_port}"\n'
+            f'root-certificates = "{flower.tls["ca"]}"\n'
+        )
+    private, public = _node_keys(tmp_path / "tls", "member")
+    other = _non_loopback_ipv4()
+    try:
+        flower.superlink()
+        flower.gate()
+        (registered,) = flower.register([public])
+        flower.supernode("member", private, flower.node_ports[0])
+        stranger = flower.flwr("run", str(app), "stranger", timeout=120)
+        verify = ssl.create_default_context(cafile=str(flower.tls["ca"]))
+        with httpx.Client(verify=verify, timeout=30) as client:
+            gate = f"https://127.0.0.1:{flower.gate_port}"
+            statuses = {
+                path: client.post(gate + path, content=b"").status_code
+                for path in (
+                    "/v1/control/start-run",
+                    "/v1/control/list-runs",
+                    "/v1/control/register-node",
+                    "/v1/runtime/acquire-task",
+                    "/v1/fleet/../control/start-run",
+                )
+            }
+            statuses["GET /docs"] = client.get(gate + "/docs").status_code
+            statuses["GET /v1/fleet/get-run"] = client.get(gate + "/v1/fleet/get-run").status_code
+        if other is not None:
+            with pytest.raises(OSError), socket.create_connection((other, flower.link), 5):
+                pass
+        deadline = time.monotonic() + 60
+        while flower.nodes() != {registered: "online"}:
+            assert time.monotonic() < deadline, flower.log("member")[-3000:]
+            time.sleep(1)
+        time.sleep(3)  # a run the stranger started would have imported the app by now
+        runs_before = flower.flwr("ls", "loop", "--format", "json")
+        assert not marker.exists(), "the stranger's run reached the SuperLink"
+        operator = flower.flwr("run", str(app), "loop", timeout=120)
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert time.monotonic() < deadline, flower.log("superlink")[-3000:]
+            time.sleep(1)
+    finally:
+        survivors = flower.stop()
+    assert not survivors, [(p.pid, p.name()) for p in survivors]
+    assert stranger.returncode != 0 and "404" in stranger.stdout, stranger.stdout + stranger.stderr
+    assert set(statuses.values()) == {404}, statuses
+    gate_log = flower.log("gate")
+    assert "refused POST /v1/control/start-run" in gate_log, gate_log
+    listed = json.loads(runs_before.stdout[runs_before.stdout.index("{") :])
+    assert listed["success"] and listed["runs"] == [], runs_before.stdout
+    assert operator.returncode == 0, operator.stdout + operator.stderr

@@ -65,6 +65,13 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "
         f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB"
     )
+    if (privacy := summary.get("privacy")) is not None:
+        spent = "inf" if privacy["epsilon"] is None else f"{privacy['epsilon']:.3g}"
+        cost += (
+            f"\nprivacy ({privacy['mode']}): epsilon {spent} at delta {privacy['delta']:g}, "
+            f"noise multiplier {privacy['noise_multiplier']:.3g}, clip norm "
+            f"{privacy['clip_norm']:.3g}"
+        )
     return table, cost, [str(w) for w in summary.get("warnings", [])]
 
 

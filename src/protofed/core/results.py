@@ -244,6 +244,12 @@ class RoundRecord(JsonRecord):
     comm: Traffic
     clients: ClientScores
 
+    @property
+    def epsilon(self) -> float | None:
+        """The privacy spent up to this round (privacy.enabled), else None."""
+        value = self.server.get("epsilon")
+        return None if value is None else float(value)
+
     @classmethod
     def of(
         cls, info: RoundInfo, scores: RoundScores, server_round: int, comm: Traffic
@@ -356,6 +362,33 @@ class TimeSummary(Seconds):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrivacySummary(JsonRecord):
+    """What a private run guarantees (summary.json's `privacy`): (epsilon, delta) at the
+    client level after its last round, and the mechanism's settings."""
+
+    mode: str  # central | local
+    epsilon: float | None  # None: infinite (no noise)
+    delta: float
+    noise_multiplier: float
+    clip_norm: float  # the last round's (adaptive clipping moves it)
+    sampling: str
+    accountant: str
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PrivacySummary:
+        epsilon = data.get("epsilon")
+        return cls(
+            mode=str(data["mode"]),
+            epsilon=None if epsilon is None else float(epsilon),
+            delta=float(data["delta"]),
+            noise_multiplier=float(data["noise_multiplier"]),
+            clip_norm=float(data["clip_norm"]),
+            sampling=str(data["sampling"]),
+            accountant=str(data["accountant"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Summary(JsonRecord):
     """A run's outcome (summary.json): its final and selected scores, cost and warnings.
 
@@ -365,7 +398,12 @@ class Summary(JsonRecord):
     `dropped_nonfinite`, as summary.json always has.
     """
 
-    omitted_when_empty: ClassVar[tuple[str, ...]] = ("diverged", "warnings", "dropped_nonfinite")
+    omitted_when_empty: ClassVar[tuple[str, ...]] = (
+        "diverged",
+        "warnings",
+        "dropped_nonfinite",
+        "privacy",
+    )
 
     status: str = "complete"
     diverged: str | None = None
@@ -382,6 +420,7 @@ class Summary(JsonRecord):
     time: TimeSummary
     warnings: list[str] = field(default_factory=list)  # e.g. validation never beat chance
     dropped_nonfinite: int = 0  # replies left out for NaN or inf (train.on_nonfinite=drop)
+    privacy: PrivacySummary | None = None  # privacy.enabled: the guarantee after the run
     extra: dict[str, Any] = field(default_factory=dict)  # an engine's own entries (Flower's)
 
     def as_dict(self) -> Json:
@@ -393,6 +432,7 @@ class Summary(JsonRecord):
         """From summary.json's dict, as this or an earlier version wrote it; keys this
         version does not know go to `extra`."""
         final, selected = data.get("final"), data.get("selected")
+        privacy = data.get("privacy")
         known = {f.name for f in fields(cls)}
         return cls(
             status=str(data.get("status", "complete")),
@@ -410,6 +450,7 @@ class Summary(JsonRecord):
             time=TimeSummary.from_json(_section(data, "time")),
             warnings=[str(w) for w in data.get("warnings") or []],
             dropped_nonfinite=int(data.get("dropped_nonfinite") or 0),
+            privacy=PrivacySummary.from_json(privacy) if isinstance(privacy, Mapping) else None,
             extra={k: v for k, v in data.items() if k not in known},
         )
 

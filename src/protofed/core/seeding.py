@@ -16,6 +16,8 @@ MODEL_INIT, SAMPLING, CLIENT_TRAIN = 10, 11, 12
 DYNAMIC_DATA = 13  # data.dynamic: which clients lose which classes (runtime/dynamic.py)
 SERVER = 14  # an algorithm's server-side randomness (e.g. clustering), keyed further by it
 EVALUATION = 15  # eval.generalization_samples: the union's stratified sample (evaluation.py)
+PRIVACY_CLIENT = 16  # privacy.mode=local: a client's noise, keyed by round and client
+PRIVACY_SERVER = 17  # privacy.mode=central: the server's noise, keyed by round
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -36,3 +38,10 @@ def sample_clients(seed: int, server_round: int, num_clients: int, count: int) -
     if count >= num_clients:
         return list(range(num_clients))
     return sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False))
+
+
+def poisson_clients(seed: int, server_round: int, num_clients: int, rate: float) -> list[int]:
+    """The sorted client ids taking part in `server_round` when each is drawn alone with
+    probability `rate` (privacy.sampling=poisson): the round's size varies, possibly 0."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING, server_round]))
+    return [int(i) for i in np.flatnonzero(rng.random(num_clients) < rate)]

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
-from protofed.core.seeding import sample_clients
+from protofed.core.seeding import poisson_clients, sample_clients
 from protofed.core.types import Arrays, Delivery, Records, Reply, check_result
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
@@ -191,7 +191,15 @@ class RoundLoop:
 
     # one round --------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
-        picked = sample_clients(self.cfg.seed, server_round, self.num_clients, self.per_round())
+        """The round's clients: m of N, or each with probability m / N where the privacy
+        accountant counts on Poisson sampling (`privacy.sampling=poisson`)."""
+        seed, population = self.cfg.seed, self.num_clients
+        privacy = self.cfg.privacy
+        if privacy.enabled and privacy.sampling == "poisson":
+            rate = self.per_round() / population
+            picked = poisson_clients(seed, server_round, population, rate)
+        else:
+            picked = sample_clients(seed, server_round, population, self.per_round())
         return [self.population[i] for i in picked]
 
     def run_round(self, server_round: int) -> RoundInfo:

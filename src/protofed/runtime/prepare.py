@@ -26,6 +26,7 @@ from protofed.data.sources import recording_reads
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.models.base import FedModel
+from protofed.privacy import private
 from protofed.runtime.dynamic import DynamicClasses, client_data
 from protofed.training.pretrain import load_init
 
@@ -198,6 +199,9 @@ def build_model_and_algorithm(
         aggregation=cfg.aggregation,
     )
     algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
+    if cfg.privacy.enabled:  # the same wrapper on the server and on every client
+        per_round = clients_per_round(cfg.train, num_clients)
+        algorithm = private(algorithm, cfg.privacy, per_round, cfg.train.rounds)
     return model, algorithm
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from protofed.config import ExperimentConfig
 from protofed.core.results import (
     CommSummary,
+    PrivacySummary,
     ReportedRound,
     RoundRecord,
     Summary,
@@ -103,7 +104,25 @@ def build_summary(
         ),
         warnings=warnings,
         dropped_nonfinite=p.dropped_nonfinite,
+        privacy=privacy_summary(cfg, history),
         extra=dict(extra or {}),
+    )
+
+
+def privacy_summary(cfg: ExperimentConfig, history: list[RoundRecord]) -> PrivacySummary | None:
+    """The guarantee after the last evaluated round (the last round always is), or None."""
+    privacy = cfg.privacy
+    if not privacy.enabled or not history:
+        return None
+    server = history[-1].server
+    return PrivacySummary(
+        mode=privacy.mode,
+        epsilon=history[-1].epsilon,
+        delta=privacy.delta,
+        noise_multiplier=float(server.get("noise_multiplier", 0.0)),
+        clip_norm=float(server.get("clip_norm", privacy.clip_norm)),
+        sampling=privacy.sampling,
+        accountant=privacy.accountant,
     )
 
 

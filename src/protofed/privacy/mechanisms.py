@@ -1,0 +1,244 @@
+"""What a client's reply is clipped to, and where the Gaussian noise goes.
+
+A reply is split into groups, each clipped as one vector to its own bound:
+- the **update**: every record the client was also sent (same name, same keys and shapes,
+  e.g. `model`), as the difference between what it sends and what it was sent, clipped
+  jointly to `privacy.clip_norm` (an integer tensor there, such as a BatchNorm step count,
+  goes back as the value that was sent: it is not sent at all);
+- each **other record** (a class-prototype table, FedAli's banks, ...) as one vector,
+  clipped to `privacy.prototype_clip`. A prototype table (`pack_prototypes`) sends its
+  class means; its counts become 1 (the server weighs a client's class by presence, never
+  by a count that reveals the client's size) and its class indices go in the clear.
+
+With G groups, group g clipped to C_g, the reply scaled group by group to C_g = 1 is a
+vector of norm at most sqrt(G); Gaussian noise of std sigma x sqrt(G) x C_g on group g is
+then the Gaussian mechanism with multiplier sigma on that vector, whatever G is. `central`
+adds it once to the sum of the round's replies at the server, `local` to each reply on the
+client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from protofed.core.types import Arrays, Records, Reply
+from protofed.errors import ConfigError
+from protofed.prototypes import pack_prototypes, unpack_prototypes
+
+PRIVACY = "privacy"
+"""The record of the privacy layer's own values: the clip norm down, the unclipped bit up."""
+
+
+@dataclass(frozen=True)
+class Groups:
+    """How a reply splits: the records that are updates, and the records clipped alone."""
+
+    update: tuple[str, ...]
+    others: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return (1 if self.update else 0) + len(self.others)
+
+
+def is_update(name: str, arrays: Arrays, message: Records) -> bool:
+    """Whether a reply record is an update of a record the client was sent."""
+    sent = message.get(name)
+    if not sent or any(key not in sent for key in arrays):
+        return False
+    return all(arrays[key].shape == sent[key].shape for key in arrays)
+
+
+def is_prototypes(arrays: Arrays) -> bool:
+    return "classes" in arrays and "means" in arrays
+
+
+def split(reply: Records, message: Records) -> Groups:
+    names = [name for name in reply if name != PRIVACY]
+    update = tuple(n for n in names if is_update(n, reply[n], message))
+    return Groups(update, tuple(n for n in names if n not in update))
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
+
+
+def _scale(norm: float, bound: float) -> float:
+    return min(1.0, bound / norm) if norm > 0 else 1.0
+
+
+def deltas(reply: Arrays, sent: Arrays) -> Arrays:
+    """The floating part of an update record, as differences from what was sent."""
+    return {k: v - sent[k].to(v.device) for k, v in reply.items() if v.is_floating_point()}
+
+
+def _values(name: str, arrays: Arrays) -> Arrays:
+    """The floating values of a non-update record that the mechanism clips and noises."""
+    if is_prototypes(arrays):
+        return {"means": arrays["means"]}
+    for key, value in arrays.items():
+        if not value.is_floating_point():
+            raise ConfigError(
+                f"privacy: reply record '{name}' holds the integer tensor '{key}', which no "
+                "Gaussian mechanism can noise; this algorithm cannot run with privacy.enabled "
+                "(docs/privacy.md)"
+            )
+    return arrays
+
+
+def clip_reply(
+    reply: Records, message: Records, clip_norm: float, prototype_clip: float
+) -> tuple[Records, float]:
+    """The reply with every group clipped to its bound, and the update's norm before."""
+    groups = split(reply, message)
+    update = {n: deltas(reply[n], message[n]) for n in groups.update}
+    norm = _norm([t for d in update.values() for t in d.values()])
+    out = _clipped_update(reply, message, update, _scale(norm, clip_norm), clip_norm)
+    for name in groups.others:
+        arrays = reply[name]
+        values = _values(name, arrays)
+        scale = _scale(_norm(list(values.values())), prototype_clip)
+        clipped = {**arrays, **{k: v * scale for k, v in values.items()}}
+        if is_prototypes(arrays) and "counts" in arrays:
+            clipped["counts"] = torch.ones_like(arrays["counts"])
+        out[name] = clipped
+    return out, norm
+
+
+def _clipped_update(
+    reply: Records, message: Records, update: Records, factor: float, bound: float
+) -> Records:
+    """The update records, sent + factor x difference, with the difference the server will
+    compute (in the weights' own precision) within `bound`: where rounding next to large
+    weights lands above it, the factor shrinks until it does not (at worst to 0, the
+    weights that were sent)."""
+    for _ in range(8):
+        out = {
+            name: {
+                k: message[name][k] + update[name][k] * factor
+                if k in update[name]
+                else message[name][k].clone()
+                for k in reply[name]
+            }
+            for name in update
+        }
+        realized = _norm([t for n in update for t in deltas(out[n], message[n]).values()])
+        if realized <= bound or factor == 0.0:
+            return out
+        factor = factor * bound / realized * (1 - 1e-6) if factor > 1e-30 else 0.0
+    return {
+        name: {k: t.clone() for k, t in message[name].items() if k in reply[name]}
+        for name in update
+    }
+
+
+def noise(like: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """Gaussian noise of `std` shaped as `like`, drawn on the CPU from `generator`."""
+    drawn = torch.randn(like.shape, generator=generator, dtype=torch.float64) * std
+    return drawn.to(dtype=like.dtype, device=like.device)
+
+
+def noise_reply(
+    reply: Records,
+    message: Records,
+    stds: tuple[float, float],
+    generator: torch.Generator,
+) -> Records:
+    """`local` mode: a clipped reply with its own noise; `stds` = (update std, other std)."""
+    groups = split(reply, message)
+    out = dict(reply)
+    for name in groups.update:
+        out[name] = {
+            k: v + noise(v, stds[0], generator) if v.is_floating_point() else v
+            for k, v in reply[name].items()
+        }
+    for name in groups.others:
+        values = _values(name, reply[name])
+        out[name] = {
+            **reply[name],
+            **{k: v + noise(v, stds[1], generator) for k, v in values.items()},
+        }
+    return out
+
+
+def _mean_update(
+    replies: list[Reply],
+    sent: list[Records],
+    name: str,
+    std: float,
+    denominator: float,
+    generator: torch.Generator,
+) -> Arrays:
+    """The noised mean difference of an update record (float keys only)."""
+    total: Arrays = {}
+    for reply, message in zip(replies, sent, strict=True):
+        for key, delta in deltas(reply.records[name], message[name]).items():
+            total[key] = total[key] + delta if key in total else delta.clone()
+    return {k: (v + noise(v, std, generator)) / denominator for k, v in total.items()}
+
+
+def _mean_prototypes(
+    replies: list[Reply], name: str, std: float, num_classes: int, generator: torch.Generator
+) -> Arrays:
+    """Per class, the noised sum of the clients' clipped means over the clients that sent it
+    (which clients hold a class is in the clear: their class indices are sent as they are)."""
+    tables = [unpack_prototypes(r.records[name], num_classes) for r in replies]
+    dim = max(m.shape[1] for m, _ in tables)
+    sums = torch.zeros(num_classes, dim, dtype=tables[0][0].dtype)
+    holders = torch.zeros(num_classes, dtype=sums.dtype)
+    for means, counts in tables:
+        if means.shape[1] == dim:
+            sums += means
+            holders += (counts > 0).to(sums.dtype)
+    noised = (sums + noise(sums, std, generator)) / holders.clamp(min=1).unsqueeze(1)
+    packed = pack_prototypes(noised, holders)
+    if not all("counts" in r.records[name] for r in replies):
+        packed.pop("counts")
+    else:
+        packed["counts"] = torch.ones_like(packed["counts"])
+    return packed
+
+
+def central_mean(
+    replies: list[Reply],
+    sent: list[Records],
+    stds: tuple[float, float],
+    denominator: float,
+    num_classes: int,
+    generator: torch.Generator,
+) -> list[Reply]:
+    """`central` mode: every reply replaced by the noised mean of the round's clipped
+    replies (an update: the client's own message plus the mean difference), so whatever
+    the algorithm's `aggregate` computes is post-processing of that one noised release.
+    Every reply then weighs the same."""
+    groups = split(replies[0].records, sent[0])
+    means = {
+        name: _mean_update(replies, sent, name, stds[0], denominator, generator)
+        for name in groups.update
+    }
+    others: Records = {}
+    for name in groups.others:
+        if is_prototypes(replies[0].records[name]):
+            others[name] = _mean_prototypes(replies, name, stds[1], num_classes, generator)
+            continue
+        total = {
+            k: torch.stack([r.records[name][k] for r in replies]).sum(0)
+            for k in replies[0].records[name]
+        }
+        others[name] = {
+            k: (v + noise(v, stds[1], generator)) / denominator for k, v in total.items()
+        }
+    out = []
+    for reply, message in zip(replies, sent, strict=True):
+        records = {
+            name: {
+                k: message[name][k] + means[name][k] if k in means[name] else message[name][k]
+                for k in reply.records[name]
+            }
+            for name in groups.update
+        }
+        out.append(Reply(reply.client, {**records, **others}, {}, 1.0))
+    return out

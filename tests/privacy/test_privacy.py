@@ -1,0 +1,251 @@
+"""Client-level differential privacy: the accountant is dp-accounting's, the clipping bounds
+every contribution, the noise has the configured scale, and private runs are real runs
+(resumable, one-line errors, epsilon in every record)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import pytest
+import torch
+from dp_accounting import dp_event, rdp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protofed.config import PrivacyConfig, load_config
+from protofed.core.types import Reply
+from protofed.errors import ConfigError
+from protofed.privacy import accounting, plan
+from protofed.privacy.mechanisms import central_mean, clip_reply, noise_reply, split
+from protofed.runtime import prepare, simulate
+from protofed.runtime.engine import resume, start
+
+DIGITS = [
+    "data.name=digits",
+    "data.num_clients=6",
+    "model.hidden=[32]",
+    "train.rounds=3",
+    "train.lr=0.1",
+    "train.momentum=0.9",
+    "train.local_epochs=2",
+    "data.standardize=true",
+    "train.threads=1",
+    "train.workers=1",
+]
+
+
+def _cfg(*extra: str):
+    return load_config(None, [*DIGITS, "privacy.enabled=true", *extra])
+
+
+# the accountant ---------------------------------------------------------------------------
+@pytest.mark.parametrize("rounds", [1, 10, 200])
+def test_poisson_epsilon_is_dp_accountings_own(rounds) -> None:
+    cfg = PrivacyConfig(enabled=True, sampling="poisson", noise_multiplier=1.1, delta=1e-5)
+    theirs = rdp.RdpAccountant()  # add-or-remove-one, its default
+    theirs.compose(dp_event.PoissonSampledDpEvent(10 / 300, dp_event.GaussianDpEvent(1.1)), rounds)
+    assert accounting.epsilon(cfg, 300, 10, 1.1, rounds) == theirs.get_epsilon(1e-5)
+
+
+def test_fixed_size_sampling_is_accounted_as_sampling_without_replacement() -> None:
+    """Replace-one adjacency: one client's clipped reply moves the sum by twice the bound."""
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=2.0)
+    theirs = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    event = dp_event.SampledWithoutReplacementDpEvent(30, 10, dp_event.GaussianDpEvent(1.0))
+    theirs.compose(event, 20)
+    assert accounting.epsilon(cfg, 30, 10, 2.0, 20) == theirs.get_epsilon(1e-5)
+    # full participation: the Gaussian mechanism alone, every round
+    full = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    full.compose(dp_event.GaussianDpEvent(1.0), 20)
+    assert accounting.epsilon(cfg, 10, 10, 2.0, 20) == full.get_epsilon(1e-5)
+
+
+def test_epsilon_grows_with_rounds_and_is_infinite_without_noise() -> None:
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=1.0)
+    spent = [accounting.epsilon(cfg, 30, 10, 1.0, r) for r in (0, 1, 5, 25)]
+    assert spent[0] == 0 and spent[1] < spent[2] < spent[3]
+    assert accounting.epsilon(cfg, 30, 10, 0.0, 5) == math.inf
+
+
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+@pytest.mark.parametrize("target", [1.0, 4.0])
+def test_target_epsilon_calibration_lands_on_the_target(sampling, target) -> None:
+    cfg = PrivacyConfig(enabled=True, sampling=sampling, target_epsilon=target)
+    sigma = plan(cfg, 30, 10, 40).sigma
+    spent = accounting.epsilon(cfg, 30, 10, sigma, 40)
+    assert spent <= target * (1 + 1e-3)  # dp-accounting's bisection tolerance
+    assert accounting.epsilon(cfg, 30, 10, sigma * 0.98, 40) > target  # and not far above
+
+
+def test_local_mode_is_accounted_as_each_clients_own_gaussian() -> None:
+    cfg = PrivacyConfig(enabled=True, mode="local", noise_multiplier=3.0)
+    dp = plan(cfg, 30, 10, 50)
+    theirs = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    theirs.compose(dp_event.GaussianDpEvent(1.5), 50)  # no credit for sampling
+    assert dp.epsilon(50) == theirs.get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ([], "privacy: set exactly one"),
+        (["privacy.noise_multiplier=1", "privacy.target_epsilon=2"], "privacy: set exactly one"),
+        (["privacy.accountant=pld", "privacy.target_epsilon=2"], "privacy.accountant"),
+        (["privacy.target_epsilon=2", "privacy.noise_multiplier=0"], "privacy: set exactly one"),
+        (["privacy.mode=local", "privacy.adaptive=true", "privacy.noise_multiplier=1"], "adaptive"),
+        (["privacy.adaptive=true", "privacy.noise_multiplier=5", "privacy.count_noise=1"], "count"),
+        (["privacy.noise_multiplier=1", "algorithm.name=centralized"], "privacy.enabled"),
+    ],
+)
+def test_a_config_that_cannot_be_accounted_is_one_line(overrides, key) -> None:
+    with pytest.raises(ConfigError, match=key) as caught:
+        prepare(_cfg(*overrides))
+    assert "\n" not in str(caught.value)
+
+
+# the mechanism ----------------------------------------------------------------------------
+vectors = st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sent=vectors, moved=vectors, bound=st.floats(1e-3, 50.0), proto=vectors)
+def test_no_clipped_contribution_exceeds_its_bound(sent, moved, bound, proto) -> None:
+    n = min(len(sent), len(moved))
+    message = {"model": {"w": torch.tensor(sent[:n]), "steps": torch.tensor(7)}}
+    reply = {
+        "model": {"w": torch.tensor(moved[:n]), "steps": torch.tensor(99)},
+        "protos": {
+            "classes": torch.tensor([0, 2]),
+            "means": torch.tensor(proto).repeat(2, 1),
+            "counts": torch.tensor([5.0, 40.0]),
+        },
+    }
+    clipped, norm = clip_reply(reply, message, bound, 2 * bound)
+    update = clipped["model"]["w"] - message["model"]["w"]
+    assert float(update.norm()) <= bound * (1 + 1e-5) + 1e-6
+    assert norm == pytest.approx(float((reply["model"]["w"] - message["model"]["w"]).norm()))
+    assert float(clipped["protos"]["means"].norm()) <= 2 * bound * (1 + 1e-5) + 1e-6
+    assert clipped["model"]["steps"] == 7  # an integer the client does not get to send
+    assert clipped["protos"]["counts"].tolist() == [1.0, 1.0]  # presence, not size
+    assert torch.equal(clipped["protos"]["classes"], reply["protos"]["classes"])
+    if float((reply["model"]["w"] - message["model"]["w"]).norm()) <= bound:
+        torch.testing.assert_close(clipped["model"]["w"], reply["model"]["w"])
+
+
+def _replies(m: int, size: int) -> tuple[list[Reply], list[dict]]:
+    sent = [{"model": {"w": torch.zeros(size)}} for _ in range(m)]
+    replies = [
+        Reply(i, {"model": {"w": torch.zeros(size)}}, {"loss": 1.0}, 10.0 * i) for i in range(m)
+    ]
+    return replies, sent
+
+
+def test_central_noise_on_the_mean_has_the_configured_scale() -> None:
+    m, size, std = 8, 200_000, 1.7
+    replies, sent = _replies(m, size)
+    out = central_mean(replies, sent, (std, 0.0), m, 2, torch.Generator().manual_seed(0))
+    noised = out[0].records["model"]["w"]
+    assert float(noised.std()) == pytest.approx(std / m, rel=0.01)
+    assert abs(float(noised.mean())) < 5 * std / m / math.sqrt(size)
+    # every reply is the one release, weighted alike, its metrics not sent
+    assert all(torch.equal(r.records["model"]["w"], noised) for r in out)
+    assert {r.num_examples for r in out} == {1.0} and all(r.metrics == {} for r in out)
+
+
+def test_local_noise_has_the_configured_scale_on_every_group() -> None:
+    message = {"model": {"w": torch.zeros(100_000)}}
+    reply = {
+        "model": {"w": torch.zeros(100_000)},
+        "banks": {"b": torch.zeros(50_000)},
+    }
+    assert split(reply, message).count == 2
+    out = noise_reply(reply, message, (0.3, 2.0), torch.Generator().manual_seed(1))
+    assert float(out["model"]["w"].std()) == pytest.approx(0.3, rel=0.02)
+    assert float(out["banks"]["b"].std()) == pytest.approx(2.0, rel=0.02)
+
+
+def test_central_prototypes_are_a_noised_mean_per_class_over_its_holders() -> None:
+    records = [
+        {"protos": {"classes": torch.tensor([0, 1]), "means": torch.tensor([[1.0], [3.0]])}},
+        {"protos": {"classes": torch.tensor([1]), "means": torch.tensor([[5.0]])}},
+    ]
+    replies = [Reply(i, r) for i, r in enumerate(records)]
+    out = central_mean(replies, [{}, {}], (0.0, 0.0), 2, 3, torch.Generator())
+    protos = out[1].records["protos"]
+    assert protos["classes"].tolist() == [0, 1]  # class 2: nobody holds it
+    assert protos["means"].flatten().tolist() == [1.0, 4.0]
+
+
+# private runs -----------------------------------------------------------------------------
+def test_a_private_run_records_epsilon_every_round(tmp_path) -> None:
+    cfg = _cfg("privacy.target_epsilon=4", "train.clients_per_round=3")
+    loop = start(cfg, tmp_path / "run")
+    summary = loop.run()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    spent = [line["server"]["epsilon"] for line in lines]
+    assert spent == sorted(spent) and spent[-1] == pytest.approx(4.0, rel=1e-3)
+    assert [r.epsilon for r in loop.history] == spent
+    assert summary.privacy is not None and summary.privacy.epsilon == spent[-1]
+    assert summary.privacy.noise_multiplier == lines[-1]["server"]["noise_multiplier"] > 0
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["privacy"]["epsilon"] == spent[-1] and written["privacy"]["mode"] == "central"
+    assert all(line["train_loss"] is None for line in lines)  # the loss is not sent
+
+
+def test_a_private_run_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
+    overrides = [
+        "privacy.noise_multiplier=0.8",
+        "privacy.adaptive=true",
+        "privacy.count_noise=2",
+        "privacy.sampling=poisson",
+    ]
+    whole = start(_cfg(*overrides), tmp_path / "whole").run()
+
+    cut = _cfg(*overrides)
+    loop = start(cut, tmp_path / "cut")
+    stop = {"after": 2}
+
+    def interrupt(server_round, *_):
+        if server_round == stop["after"]:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(on_round=interrupt)
+    resumed = resume(tmp_path / "cut").run()
+    assert resumed.final == whole.final and resumed.privacy == whole.privacy
+
+
+def test_adaptive_clipping_moves_the_clip_norm_toward_the_quantile(tmp_path) -> None:
+    """Noise off and a bound no update reaches: every update is unclipped, so the norm
+    shrinks by exp(-clip_lr x (1 - target_quantile)) each round."""
+    cfg = _cfg(
+        "privacy.noise_multiplier=0",
+        "privacy.adaptive=true",
+        "privacy.clip_norm=1000",
+        "privacy.clip_lr=0.5",
+    )
+    loop = simulate(prepare(cfg))
+    loop.run()
+    clips = [r.server["clip_norm"] for r in loop.history]
+    factor = math.exp(-0.5 * 0.5)
+    assert clips == pytest.approx([1000 * factor**k for k in range(3)])
+    assert loop.history[-1].epsilon == math.inf
+
+
+def test_privacy_off_leaves_the_records_as_they_were(tmp_path) -> None:
+    loop = simulate(prepare(load_config(None, DIGITS)))
+    summary = loop.run()
+    assert summary.privacy is None and "privacy" not in summary.to_json()
+    assert all(r.epsilon is None and "epsilon" not in r.server for r in loop.history)
+    assert all(r.train_loss is not None for r in loop.history)
+
+
+def test_clipping_alone_without_noise_changes_the_model(tmp_path) -> None:
+    """The privacy layer is on the path: a tiny bound slows FedAvg to a crawl."""
+    plain = simulate(prepare(load_config(None, DIGITS))).run()
+    clipped = simulate(prepare(_cfg("privacy.noise_multiplier=0", "privacy.clip_norm=1e-4"))).run()
+    assert plain.final is not None and clipped.final is not None
+    assert plain.final.personalization.acc > 0.7
+    assert clipped.final.personalization.acc < plain.final.personalization.acc - 0.3
