@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protofed.algorithms.base import MODEL, Algorithm, Arrays, Client, FitResult, Metrics, Records
-from protofed.training.stacked import StackedTask, Term
+from protofed.algorithms.base import MODEL, Algorithm, Client, FitResult, Records
+from protofed.training.stacked import StackedTask, Trainer
 
 
 class FedAvg(Algorithm):
@@ -18,14 +18,9 @@ class FedAvg(Algorithm):
         metrics = client.train_model()
         return FitResult({MODEL: client.weights()}, metrics)
 
-    # the same step stacked (train.stacked): the sent model, cross-entropy, the weights back
-    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask:
-        return StackedTask(message[MODEL])
-
-    def stacked_term(self) -> Term | None:
-        return None
-
-    def stacked_result(
-        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
-    ) -> FitResult:
-        return FitResult({MODEL: weights}, metrics)
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` for a round's clients stacked: the sent model, cross-entropy, weights back."""
+        trained = train([StackedTask(message[MODEL]) for message in messages])
+        return [FitResult({MODEL: weights}, metrics) for weights, metrics in trained]

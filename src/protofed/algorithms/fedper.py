@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from protofed.algorithms.base import MODEL, Arrays, Client, FitResult, Hyperparams, Metrics, Records
+from protofed.algorithms.base import MODEL, Client, FitResult, Hyperparams, Records
 from protofed.algorithms.common.split import HEAD, HeadLocalAlgorithm, split_arrays
-from protofed.training.stacked import StackedTask, Term
+from protofed.training.stacked import StackedTask, Trainer
 
 
 class FedPer(HeadLocalAlgorithm):
@@ -25,15 +25,16 @@ class FedPer(HeadLocalAlgorithm):
         reply, kept = self.finish(client)
         return FitResult(reply, metrics, kept)
 
-    # the same step stacked (train.stacked): the received body and its own head, trained whole
-    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask:
-        return StackedTask({**message[MODEL], **self.local_head(state)})
-
-    def stacked_term(self) -> Term | None:
-        return None
-
-    def stacked_result(
-        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
-    ) -> FitResult:
-        body, head = split_arrays(weights)
-        return FitResult({MODEL: body}, metrics, {HEAD: head})
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` stacked: the received body and the client's own head, trained whole."""
+        tasks = [
+            StackedTask({**m[MODEL], **self.local_head(s)})
+            for m, s in zip(messages, states, strict=True)
+        ]
+        results = []
+        for weights, metrics in train(tasks):
+            body, head = split_arrays(weights)
+            results.append(FitResult({MODEL: body}, metrics, {HEAD: head}))
+        return results

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
-from protofed.algorithms.base import (
-    MODEL,
-    Algorithm,
-    Arrays,
-    Client,
-    FitResult,
-    Hyperparams,
-    Metrics,
-    Records,
-)
+from protofed.algorithms.base import MODEL, Algorithm, Client, FitResult, Hyperparams, Records
 from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
-from protofed.training.stacked import StackedTask, Term
+from protofed.training.stacked import StackedTask, Trainer, proximal_term
 
 
 class FedProxParams(Hyperparams):
@@ -43,24 +33,11 @@ class FedProx(Algorithm):
         metrics = client.train_model(loss_fn=proximal_loss(anchor, self.params.mu))
         return FitResult({MODEL: client.weights()}, metrics)
 
-    # the same step stacked (train.stacked): the proximal term on each client's own weights
-    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask:
-        names = {name for name, _ in client.model.named_parameters()}
-        anchor = {name: w for name, w in message[MODEL].items() if name in names}
-        return StackedTask(message[MODEL], anchor if self.params.mu != 0 else {})
-
-    def stacked_term(self) -> Term | None:
-        if self.params.mu == 0:
-            return None  # as `proximal_loss`: plain cross-entropy
-        half_mu = 0.5 * float(self.params.mu)
-
-        def term(params: Arrays, anchor: Arrays) -> torch.Tensor:
-            distances = [(p - anchor[n]).pow(2).sum() for n, p in params.items() if n in anchor]
-            return half_mu * torch.stack(distances).sum()
-
-        return term
-
-    def stacked_result(
-        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
-    ) -> FitResult:
-        return FitResult({MODEL: weights}, metrics)
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` stacked: the proximal term on each client's weights, anchored where it began."""
+        term = proximal_term(self.params.mu)
+        tasks = [StackedTask(m[MODEL], m[MODEL] if term is not None else {}) for m in messages]
+        trained = train(tasks, term)
+        return [FitResult({MODEL: weights}, metrics) for weights, metrics in trained]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Metrics, Records, Reply
+from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Term
+from protofed.training.stacked import StackedTask, Trainer
 
 
 class Local(Algorithm):
@@ -35,17 +35,12 @@ class Local(Algorithm):
         metrics = client.train_model()
         return FitResult({}, metrics, {MODEL: client.weights()})  # nothing is sent: zero bytes up
 
-    # the same step stacked (train.stacked): from its own model, which it keeps
-    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask:
-        return StackedTask(self.own_model(state))
-
-    def stacked_term(self) -> Term | None:
-        return None
-
-    def stacked_result(
-        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
-    ) -> FitResult:
-        return FitResult({}, metrics, {MODEL: weights})
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` stacked: each client from its own model, which it keeps."""
+        trained = train([StackedTask(self.own_model(state)) for state in states])
+        return [FitResult({}, metrics, {MODEL: weights}) for weights, metrics in trained]
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

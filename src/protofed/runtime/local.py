@@ -34,7 +34,7 @@ from protofed.models.base import FedModel
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
 from protofed.training.client import Client
-from protofed.training.stacked import StackedFit, model_reason, train_stacked
+from protofed.training.stacked import StackedFit, StackedTrainer, model_reason
 
 STACK_GROUP = 100
 """The most clients trained stacked at once: a round of more trains in groups of this many,
@@ -121,7 +121,7 @@ def unstackable(cls: type[Algorithm]) -> str | None:
     if cls.pools_data:
         return "it trains one client on every client's data"
     owner = next(k for k in cls.__mro__ if "fit" in vars(k))
-    if "stacked_task" not in vars(owner):  # a mix-in's fit around the algorithm's (ALA)
+    if "stacked_fit" not in vars(owner):  # a mix-in's fit around the algorithm's (ALA)
         return f"{owner.__name__}.fit does more than the stacked step"
     return None
 
@@ -132,7 +132,7 @@ def stacked_reason(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel)
         return "privacy.enabled wraps each client's fit, which stacked training would bypass"
     why = unstackable(type(algorithm))
     if why is None and not isinstance(algorithm, StackedFit):
-        why = "it has no stacked_task, stacked_term and stacked_result"
+        why = "it has no stacked_fit"
     if why is not None:
         return f"{algorithm.name} cannot: {why}"
     return model_reason(model)
@@ -176,14 +176,13 @@ def fit_stacked(
         client_context(cfg, prepared.model, prepared.client_data(c, server_round), c, server_round)
         for c in clients
     ]
-    tasks = [
-        algorithm.stacked_task(context, message, state)
-        for context, message, state in zip(contexts, messages, states, strict=True)
-    ]
-    trained = train_stacked(prepared.model, contexts, tasks, algorithm.stacked_term())
+    trained = algorithm.stacked_fit(
+        contexts, messages, states, StackedTrainer(prepared.model, contexts)
+    )
+    if len(trained) != len(clients):
+        raise TypeError(f"{type(algorithm).__name__}.stacked_fit: one result per client")
     out = []
-    for message, state, (weights, metrics) in zip(messages, states, trained, strict=True):
-        result = algorithm.stacked_result(message, state, weights, metrics)
+    for message, result in zip(messages, trained, strict=True):
         check_result(result, "fit", type(algorithm).__name__)
         kept = algorithm.trained_model(message, result) if keeps_trained(cfg) else None
         out.append((result, nbytes(message), kept))

@@ -24,7 +24,9 @@ It applies to a model whose training forward pass is a pure function of its para
 buffers (BatchNorm statistics would be updated in place) and no dropout (its masks would be
 drawn for all clients at once, so not the per-client path's). The loss is cross-entropy plus
 an optional per-client `Term` of the client's weights and its own tensors (FedProx's
-proximal term and its anchor). What runs stacked is decided in `runtime.local`.
+proximal term and its anchor). An algorithm writes its round stacked as `stacked_fit`
+(`StackedFit`), calling a `Trainer` once per training phase for all clients (Ditto's two
+models, FedRep's head then body); what runs stacked is decided in `runtime.local`.
 """
 
 from __future__ import annotations
@@ -58,20 +60,62 @@ class StackedTask:
     aux: Arrays = field(default_factory=dict)
 
 
+class Trainer(Protocol):
+    """Trains a round's clients stacked, each from its task (`StackedTrainer`)."""
+
+    def __call__(
+        self,
+        tasks: list[StackedTask],
+        term: Term | None = None,
+        *,
+        epochs: int | None = None,
+        trainable: Callable[[str], bool] | None = None,
+    ) -> list[tuple[Arrays, Metrics]]: ...
+
+
 @runtime_checkable
 class StackedFit(Protocol):
-    """What an algorithm with `stackable = True` adds to `fit`, split around the training:
-    `stacked_task` is `fit` up to its `train_model` call, `stacked_term` the loss's
-    per-client term (None: plain cross-entropy) and `stacked_result` the rest of `fit`,
-    given the weights and metrics training gave."""
+    """What an algorithm with `stackable = True` adds: its `fit` for all of a round's clients
+    at once, each training phase (`Client.train_model`) one call of `train` for all of them."""
 
-    def stacked_task(self, client: Client, message: Records, state: Records) -> StackedTask: ...
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]: ...
 
-    def stacked_term(self) -> Term | None: ...
 
-    def stacked_result(
-        self, message: Records, state: Records, weights: Arrays, metrics: Metrics
-    ) -> FitResult: ...
+@dataclass
+class StackedTrainer:
+    """A `Trainer` for these clients on this workspace model (`train_stacked`, phase by phase:
+    each client's generator goes on drawing where its last phase left it)."""
+
+    model: nn.Module
+    clients: list[Client]
+
+    def __call__(
+        self,
+        tasks: list[StackedTask],
+        term: Term | None = None,
+        *,
+        epochs: int | None = None,
+        trainable: Callable[[str], bool] | None = None,
+    ) -> list[tuple[Arrays, Metrics]]:
+        return train_stacked(
+            self.model, self.clients, tasks, term, epochs=epochs, trainable=trainable
+        )
+
+
+def proximal_term(mu: float) -> Term | None:
+    """`regularizers.proximal_loss`'s mu/2 * ||w - anchor||^2 over the trained parameters the
+    client's anchor names; None for mu == 0 (plain cross-entropy, as there)."""
+    if mu == 0:
+        return None
+    half_mu = 0.5 * float(mu)
+
+    def term(params: Arrays, anchor: Arrays) -> torch.Tensor:
+        distances = [(p - anchor[n]).pow(2).sum() for n, p in params.items() if n in anchor]
+        return half_mu * torch.stack(distances).sum()
+
+    return term
 
 
 def model_reason(model: nn.Module) -> str | None:
@@ -201,12 +245,17 @@ class StackedOptimizer:
 def _loss_and_grad(
     model: nn.Module, term: Term | None
 ) -> Callable[..., tuple[Arrays, torch.Tensor]]:
-    """vmap(grad_and_value(one client's loss)) over (params, x, y, weight, aux)."""
+    """vmap(grad_and_value(one client's loss)) over (trained, frozen, x, y, weight, aux)."""
 
     def loss(
-        params: Arrays, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, aux: Arrays
+        params: Arrays,
+        frozen: Arrays,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+        aux: Arrays,
     ) -> torch.Tensor:
-        logits = functional_call(model, params, (x,))
+        logits = functional_call(model, {**frozen, **params}, (x,))
         value = (F.cross_entropy(logits, y, reduction="none") * w).sum()
         return value if term is None else value + term(params, aux)
 
@@ -219,13 +268,17 @@ def train_stacked(
     tasks: list[StackedTask],
     term: Term | None = None,
     *,
-    lr: float | None = None,
+    epochs: int | None = None,
+    trainable: Callable[[str], bool] | None = None,
 ) -> list[tuple[Arrays, Metrics]]:
     """Train every client from its task's weights at once; each one's weights and metrics.
 
-    All clients share `clients[0].train` (one experiment's round). The workspace `model` is
-    only the function: its own weights are not read or changed. Metrics are those of
-    `train_epochs`: the mean loss of the client's steps (with its term) and their number.
+    All clients share `clients[0].train` (one experiment's round); `epochs` replaces its
+    `local_epochs`, `trainable(name)` picks the parameters the optimizer moves (the others
+    stay as the task starts them, and the term sees only the trained ones), as
+    `Client.train_model`'s `epochs` and `parameters`. The workspace `model` is only the
+    function: its own weights are not read or changed. Metrics are those of `train_epochs`:
+    the mean loss of the client's steps (with its term) and their number.
     """
     if not clients:
         return []
@@ -234,38 +287,67 @@ def train_stacked(
     for task in tasks:
         if set(task.start) != set(names):
             raise ValueError("a stacked task starts from every parameter of the model")
+    moved = [n for n in names if trainable is None or trainable(n)]
     device = tasks[0].start[names[0]].device
-    plan = schedule(clients, train.local_epochs, train.batch_size)
-    params = {n: torch.stack([tasks[i].start[n] for i in plan.order]).detach() for n in names}
-    aux_names = sorted(tasks[0].aux)
-    aux = {n: torch.stack([tasks[i].aux[n] for i in plan.order]) for n in aux_names}
-    x = torch.cat([c.data.train_x for c in clients]).to(device)
-    y = torch.cat([c.data.train_y for c in clients]).to(device)
-    index, weight = plan.index.to(device), plan.weight.to(device)
-    optimizer = StackedOptimizer([params[n] for n in names], train, lr)
-    total = torch.zeros(len(clients), device=device)
-    step = _loss_and_grad(model, term)
-    was_training = model.training
-    model.train()
-    precision = autocast(train, device)
-    with _plain_linear():
-        for t, k in enumerate(plan.active):
-            rows = index[t, :k]
-            with precision:
-                grads, loss = step(
-                    {n: p[:k] for n, p in params.items()},
-                    x[rows],
-                    y[rows],
-                    weight[t, :k],
-                    {n: a[:k] for n, a in aux.items()},
-                )
-            optimizer.step(k, [grads[n] for n in names])
-            total[:k] += loss.detach().float()
-    model.train(was_training)
+    epochs = train.local_epochs if epochs is None else epochs
+    plan = schedule(clients, epochs, train.batch_size)
+
+    def stack(records: list[Arrays], keys: list[str]) -> Arrays:
+        return {n: torch.stack([records[i][n] for i in plan.order]).detach() for n in keys}
+
+    params = stack([t.start for t in tasks], moved)
+    frozen = stack([t.start for t in tasks], [n for n in names if n not in params])
+    aux = stack([t.aux for t in tasks], sorted(tasks[0].aux))
+    if not params:
+        raise ValueError("a stacked phase trains at least one parameter")
+    optimizer = StackedOptimizer(list(params.values()), train, None)
+    total = _run(model, clients, plan, (params, frozen, aux), optimizer, term, device)
     losses = total.tolist()
     out: list[tuple[Arrays, Metrics]] = [({}, {}) for _ in clients]
     for j, i in enumerate(plan.order):
-        weights = {n: params[n][j].clone() for n in names}
+        weights = {n: (params[n] if n in params else frozen[n])[j].clone() for n in names}
         steps = plan.steps[j]
         out[i] = (weights, {"loss": losses[j] / max(steps, 1), "steps": float(steps)})
     return out
+
+
+def _run(
+    model: nn.Module,
+    clients: list[Client],
+    plan: Schedule,
+    stacked: tuple[Arrays, Arrays, Arrays],
+    optimizer: StackedOptimizer,
+    term: Term | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """The steps, in place on the trained weights; each client's summed loss (plan.order).
+
+    `stacked`: the (trained, frozen, aux) tensors, each (clients, ...) in `plan.order`."""
+    params, frozen, aux = stacked
+    train = clients[0].train
+    x = torch.cat([c.data.train_x for c in clients]).to(device)
+    y = torch.cat([c.data.train_y for c in clients]).to(device)
+    index, weight = plan.index.to(device), plan.weight.to(device)
+    total = torch.zeros(len(clients), device=device)
+    step = _loss_and_grad(model, term)
+    precision = autocast(train, device)
+    was_training = model.training
+    model.train()
+    try:
+        with _plain_linear():
+            for t, k in enumerate(plan.active):
+                rows = index[t, :k]
+                with precision:
+                    grads, loss = step(
+                        {n: p[:k] for n, p in params.items()},
+                        {n: f[:k] for n, f in frozen.items()},
+                        x[rows],
+                        y[rows],
+                        weight[t, :k],
+                        {n: a[:k] for n, a in aux.items()},
+                    )
+                optimizer.step(k, [grads[n] for n in params])
+                total[:k] += loss.detach().float()
+    finally:
+        model.train(was_training)
+    return total
