@@ -13,7 +13,7 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.runtime import prepare, simulate
-from protofed.runtime.local import InProcessTransport, stacked_reason
+from protofed.runtime.local import stacked_reason
 from protofed.training.client import Client
 from protofed.training.loop import make_optimizer, train_epochs
 from protofed.training.stacked import (
@@ -287,19 +287,16 @@ def test_true_where_it_cannot_is_one_line(settings, says):
 
 
 def test_privacy_keeps_every_client_on_its_own_fit():
-    """Privacy's wrapper is around each client's fit: true refuses, auto falls back."""
-    prepared = prepare(load_config(None, [*BASE, "train.stacked=auto"]))
-    assert stacked_reason(prepared.cfg, prepared.algorithm, prepared.model) is None
-    cfg = prepared.cfg.model_copy(deep=True)
-    cfg.privacy.enabled = True
-    reason = stacked_reason(cfg, prepared.algorithm, prepared.model)
+    """Privacy's wrapper is around each client's fit: true refuses in one line, auto falls
+    back to one client at a time (through the wrapper)."""
+    private = [*BASE, "privacy.enabled=true", "privacy.noise_multiplier=1.0"]
+    with pytest.raises(ConfigError, match="privacy") as caught:
+        simulate(prepare(load_config(None, [*private, "train.stacked='true'"])))
+    assert "\n" not in str(caught.value)
+    auto = simulate(prepare(load_config(None, [*private, "train.stacked='auto'"])))
+    assert not auto.transport.stacked
+    reason = stacked_reason(auto.prepared.cfg, auto.prepared.algorithm, auto.prepared.model)
     assert reason is not None and "privacy" in reason
-    cfg.train.stacked = "true"
-    private = type(prepared)(cfg, prepared.fed, prepared.model, prepared.algorithm)
-    with pytest.raises(ConfigError, match="privacy"):
-        InProcessTransport(private)
-    cfg.train.stacked = "auto"
-    assert not InProcessTransport(private).stacked
 
 
 def test_auto_keeps_todays_path_until_a_measurement_says_otherwise():
