@@ -370,7 +370,7 @@ class PrivacySummary(JsonRecord):
     epsilon: float | None  # None: infinite (no noise)
     delta: float
     noise_multiplier: float
-    clip_norm: float  # the last round's (adaptive clipping moves it)
+    clip_norm: float  # the bound the run ended with (adaptive clipping moves it)
     sampling: str
     accountant: str
 

@@ -29,6 +29,7 @@ import torch
 
 from protofed.algorithms.base import Algorithm
 from protofed.config import PrivacyConfig
+from protofed.core.results import PrivacySummary
 from protofed.core.seeding import PRIVACY_CLIENT, PRIVACY_SERVER, torch_generator
 from protofed.core.types import AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
@@ -175,6 +176,19 @@ class Private(Algorithm):
             noise = self.dp.count_noise * float(torch.randn((), generator=generator))
         fraction = (unclipped + noise) / self.dp.per_round
         return clip * math.exp(-cfg.clip_lr * (fraction - cfg.target_quantile))
+
+    def guarantee(self, server: Records, rounds: int) -> PrivacySummary:
+        """What the run guarantees after `rounds` rounds (summary.json's `privacy`)."""
+        cfg, spent = self.dp.cfg, self.dp.epsilon(rounds)
+        return PrivacySummary(
+            mode=cfg.mode,
+            epsilon=spent if math.isfinite(spent) else None,
+            delta=cfg.delta,
+            noise_multiplier=self.dp.sigma,
+            clip_norm=float(_apart(server)[1].get(CLIP, torch.tensor(cfg.clip_norm))),
+            sampling=cfg.sampling,
+            accountant=cfg.accountant,
+        )
 
     # evaluation --------------------------------------------------------------------------
     def client_model(self, message: Records, state: Records) -> Arrays:

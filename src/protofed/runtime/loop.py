@@ -23,6 +23,7 @@ import torch
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
 from protofed.core.seeding import poisson_clients, sample_clients
 from protofed.core.types import Arrays, Delivery, Records, Reply, check_result
+from protofed.privacy import Private
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
 from protofed.runtime.keep import keep, keeps
@@ -344,6 +345,11 @@ class RoundLoop:
             warnings=chance_warnings(self.history, self.prepared.fed),
             diverged=diverged,
             extra=self.summary_extra() if self.summary_extra is not None else None,
+            privacy=(
+                self.algorithm.guarantee(self.server, self.progress.server_round)
+                if isinstance(self.algorithm, Private)
+                else None
+            ),
         )
         if self.run_dir is not None:
             self.run_dir.write_json("summary.json", summary.to_json())

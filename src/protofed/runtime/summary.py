@@ -69,6 +69,7 @@ def build_summary(
     warnings: list[str],
     diverged: str | None = None,
     extra: dict | None = None,
+    privacy: PrivacySummary | None = None,
 ) -> Summary:
     """`diverged`: why the run stopped early (status "diverged"), else None ("complete")."""
     if not history and diverged is None:
@@ -104,25 +105,8 @@ def build_summary(
         ),
         warnings=warnings,
         dropped_nonfinite=p.dropped_nonfinite,
-        privacy=privacy_summary(cfg, history),
+        privacy=privacy,
         extra=dict(extra or {}),
-    )
-
-
-def privacy_summary(cfg: ExperimentConfig, history: list[RoundRecord]) -> PrivacySummary | None:
-    """The guarantee after the last evaluated round (the last round always is), or None."""
-    privacy = cfg.privacy
-    if not privacy.enabled or not history:
-        return None
-    server = history[-1].server
-    return PrivacySummary(
-        mode=privacy.mode,
-        epsilon=history[-1].epsilon,
-        delta=privacy.delta,
-        noise_multiplier=float(server.get("noise_multiplier", 0.0)),
-        clip_norm=float(server.get("clip_norm", privacy.clip_norm)),
-        sampling=privacy.sampling,
-        accountant=privacy.accountant,
     )
 
 
