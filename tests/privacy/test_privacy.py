@@ -249,3 +249,18 @@ def test_clipping_alone_without_noise_changes_the_model(tmp_path) -> None:
     assert plain.final is not None and clipped.final is not None
     assert plain.final.personalization.acc > 0.7
     assert clipped.final.personalization.acc < plain.final.personalization.acc - 0.3
+
+
+def test_the_cli_refuses_an_unaccountable_config_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    protofed = Path(sys.executable).with_name("protofed")
+    args = [str(protofed), "run", "--out", str(tmp_path / "r"), "-s", "data.name=digits"]
+    done = subprocess.run(
+        [*args, "-s", "privacy.enabled=true"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "privacy.target_epsilon" in done.stderr
+    assert not (tmp_path / "r").exists()  # nothing half-written
