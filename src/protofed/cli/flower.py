@@ -45,3 +45,39 @@ def export(
         f"wrote {len(paths)} partition files, federation.json and partition.txt to {out}",
         highlight=False,
     )
+
+
+@flower_app.command()
+def gate(
+    ssl_certfile: Annotated[
+        Path, typer.Option("--ssl-certfile", help="Certificate for the address SuperNodes dial.")
+    ],
+    ssl_keyfile: Annotated[Path, typer.Option("--ssl-keyfile", help="Its private key.")],
+    ssl_ca_certfile: Annotated[
+        Path, typer.Option("--ssl-ca-certfile", help="CA that signed the SuperLink's certificate.")
+    ],
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT the SuperNodes reach (the network's).")
+    ] = "0.0.0.0:9092",
+    superlink: Annotated[
+        str, typer.Option("--superlink", help="The SuperLink's HOST:PORT, on loopback.")
+    ] = "127.0.0.1:9093",
+) -> None:
+    """Pass the SuperNodes' Fleet API to a SuperLink on loopback, and nothing else.
+
+    Run submission (the Control API, `flwr run`) and the Runtime API stay on the SuperLink's
+    loopback port: reachable from its own machine only. Every other request gets 404.
+    """
+    with user_errors():
+        from protofed.flower import require_flower
+
+        require_flower()
+        from protofed.flower.gate import build_gate, serve_gate, split_address
+
+        split_address(listen, "--listen")
+        app = build_gate(superlink, ssl_certfile, ssl_keyfile, ssl_ca_certfile)
+    console.print(
+        f"Fleet gate on {listen} -> {superlink} (POST /v1/fleet/... only)", highlight=False
+    )
+    with user_errors():
+        serve_gate(app, listen, ssl_certfile, ssl_keyfile)
