@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -628,6 +629,34 @@ def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(
     assert not _left(tree, 10)
     result = runner.invoke(app, ["run", "--resume", str(out)])
     _one_error_line(result, "flower-simulation engine", "cannot resume")
+
+
+def test_a_second_ctrl_c_on_the_flower_engine_is_one_line_and_no_traceback(tmp_path):
+    """The second Ctrl-C while the clients train (Flower's threads wait on Ray's actors):
+    before, Flower logged each call's `ActorDiedError` with its traceback, and the process
+    could hang on its way out (joining a thread left in `ray.get`); now the run's one line,
+    exit 130 within seconds, and no process left (flower/session.py)."""
+    out = tmp_path / "run"
+    long_rounds = ["train.rounds=500", "model.hidden=[512,512]", "train.local_epochs=30"]
+    run = _Spawned(_flower_run(out, *long_rounds), tmp_path / "log")
+    run.wait_for_first_round(out, 180)
+    tree = psutil.Process(run.proc.pid).children(recursive=True)
+    run.proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    run.proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    code = run.wait(60)
+    took = time.monotonic() - t0
+    err = run.output()
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "ActorDiedError" not in err, err[-3000:]
+    after = " ".join(err.split("(again: stop at once)", 1)[1].split())
+    assert re.fullmatch(
+        r"interrupted after round \d+; a Flower run cannot resume; start it again with --force",
+        after,
+    ), err[-3000:]
+    assert took < 20, f"the second Ctrl-C took {took:.1f} s"
+    assert not _left(tree, 10)
 
 
 def test_a_killed_flower_run_leaves_no_process(tmp_path):

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -51,12 +52,31 @@ def backend_config(flower: FlowerConfig) -> BackendConfig:
     }
 
 
+AT_ONCE = [False]
+"""Set by a second Ctrl-C or SIGTERM, which interrupts the session at once (a plain flag: a
+signal handler takes no lock)."""
+
+
+class SilentOnceInterrupted(logging.Filter):
+    """Drops Flower's records once a second signal interrupted the session at once: Ray is
+    then shut down under the calls in flight, as asked, and Flower's worker threads log each
+    one's `ActorDiedError` with its traceback; the run's one line says what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not AT_ONCE[0]
+
+
 @contextlib.contextmanager
 def quiet_flower_logs() -> Iterator[None]:
-    """Flower's own log at WARNING while the block runs (its INFO lines narrate each round)."""
+    """Flower's own log at WARNING while the block runs (its INFO lines narrate each round),
+    and none at all after a second signal (`SilentOnceInterrupted`: kept on the logger, since
+    Flower's threads may still log while the process exits)."""
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)
+    AT_ONCE[0] = False
+    if not any(isinstance(f, SilentOnceInterrupted) for f in flwr_logger.filters):
+        flwr_logger.addFilter(SilentOnceInterrupted())
     try:
         yield
     finally:
@@ -91,6 +111,7 @@ def request_stop(signum: int, frame: object) -> None:
     clients in training reply, then shuts Ray down with no call in flight.
     """
     if STOP.is_set():
+        AT_ONCE[0] = True
         raise KeyboardInterrupt
     STOP.set()
     with contextlib.suppress(OSError):  # a handler may not take logging's locks
@@ -120,6 +141,7 @@ def stop_on_signals(init_args: dict[str, Any]) -> None:
     (`request_stop`). Elsewhere no handler can be set, and Flower starts Ray itself."""
     if threading.current_thread() is threading.main_thread():
         start_ray(init_args)
+        call_at_thread_shutdown(exit_once_interrupted)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, request_stop)
 
@@ -131,6 +153,43 @@ def shut_ray_down() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def exit_once_interrupted(grace_s: float = 3.0) -> None:
+    """At the interpreter's exit, after a second signal stopped a session at once: give the
+    threads left `grace_s`, then end the process with exit code 130 (interrupted).
+
+    The second signal interrupts Flower's Simulation Runtime, which shuts Ray down while its
+    worker threads may wait in `ray.get` for a client's reply; such a call can then wait
+    forever, and the interpreter hung on its way out, joining the thread (4 times in 8
+    with the signals 0.05 to 0.2 s apart during training). Everything the session started
+    has been ended by then (`end_processes`), and the run's line printed: only the exit is
+    left. Called by `threading` before it joins the threads, never after a single signal.
+    """
+    if not AT_ONCE[0]:
+        return
+    deadline = time.monotonic() + grace_s
+    left = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    for thread in (t for t in left if not t.daemon):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon for t in left):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)  # the CLI's exit code for an interrupted run (docs/reliability.md)
+
+
+def call_at_thread_shutdown(callback: Callable[[], None]) -> None:
+    """`callback` once, when the interpreter exits, before it joins the threads left (where
+    `atexit` would be too late); nothing where this Python has no such hook."""
+    register = getattr(threading, "_register_atexit", None)  # CPython 3.9+, as futures uses
+    if register is not None and callback not in _AT_THREAD_SHUTDOWN:
+        _AT_THREAD_SHUTDOWN.append(callback)
+        with contextlib.suppress(RuntimeError):  # the interpreter is already shutting down
+            register(callback)
+
+
+_AT_THREAD_SHUTDOWN: list[Callable[[], None]] = []
 
 
 def end_processes(processes: list[psutil.Process], at_once: bool) -> None:

@@ -124,7 +124,8 @@ class Experiments:
             )
             return loop.run(self.on_round)
         except Exception as err:  # noqa: BLE001 - reported to the caller, per experiment
-            log.error("experiment %s stopped: %s", loop.algorithm.name, err)
+            if not STOP.is_set():  # a signal's stop is said once, by the caller
+                log.error("experiment %s stopped: %s", loop.algorithm.name, err)
             return err
 
 
