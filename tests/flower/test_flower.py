@@ -961,3 +961,25 @@ def test_only_the_superlinks_machine_can_submit_runs(tmp_path) -> None:
     listed = json.loads(runs_before.stdout[runs_before.stdout.index("{") :])
     assert listed["success"] and listed["runs"] == [], runs_before.stdout
     assert operator.returncode == 0, operator.stdout + operator.stderr
+
+
+def test_the_gate_refuses_a_superlink_off_loopback_in_one_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from protofed.cli import app as cli
+    from protofed.flower.gate import FleetGate
+
+    tls = _tls_files(tmp_path)
+    with pytest.raises(ConfigError, match="loopback"):
+        FleetGate("192.0.2.7:9093", tls["ca"])
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        FleetGate("127.0.0.1", tls["ca"])
+    assert FleetGate("[::1]:9093", tls["ca"]).base == "https://[::1]:9093"
+    files = [f"--ssl-{k}file={tls[v]}" for k, v in (("cert", "cert"), ("key", "key"))]
+    result = CliRunner().invoke(
+        cli,
+        ["flower", "gate", *files, f"--ssl-ca-certfile={tls['ca']}", "--superlink=0.0.0.0:9093"],
+    )
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1, (result.exit_code, text)
+    assert "loopback" in text and "Traceback" not in text
