@@ -97,6 +97,7 @@ def test_local_mode_is_accounted_as_each_clients_own_gaussian() -> None:
         (["privacy.mode=local", "privacy.adaptive=true", "privacy.noise_multiplier=1"], "adaptive"),
         (["privacy.adaptive=true", "privacy.noise_multiplier=5", "privacy.count_noise=1"], "count"),
         (["privacy.noise_multiplier=1", "algorithm.name=centralized"], "privacy.enabled"),
+        (["privacy.noise_multiplier=1", "eval.client_model=trained"], "client_model=trained"),
     ],
 )
 def test_a_config_that_cannot_be_accounted_is_one_line(overrides, key) -> None:
@@ -232,6 +233,15 @@ def test_adaptive_clipping_moves_the_clip_norm_toward_the_quantile(tmp_path) -> 
     factor = math.exp(-0.5 * 0.5)
     assert clips == pytest.approx([1000 * factor**k for k in range(3)])
     assert loop.history[-1].epsilon == math.inf
+
+
+def test_a_private_algorithm_copies_and_delegates_its_helpers() -> None:
+    import copy
+
+    algorithm = prepare(_cfg("privacy.noise_multiplier=1", "algorithm.name=fedproto")).algorithm
+    twin = copy.deepcopy(algorithm)
+    assert twin.name == "fedproto" and twin.dp == algorithm.dp
+    assert twin.local_loss is not None  # FedProto's own helper, through the wrapper
 
 
 def test_privacy_off_leaves_the_records_as_they_were(tmp_path) -> None:

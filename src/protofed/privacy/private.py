@@ -108,6 +108,8 @@ class Private(Algorithm):
         self.dp = dp
 
     def __getattr__(self, attribute: str) -> Any:  # the algorithm's own helpers
+        if "inner" not in self.__dict__:  # a copy being built: nothing to delegate to yet
+            raise AttributeError(attribute)
         return getattr(self.__dict__["inner"], attribute)
 
     def _stds(self, groups: int, clip: float) -> tuple[float, float]:

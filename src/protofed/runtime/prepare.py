@@ -200,6 +200,11 @@ def build_model_and_algorithm(
     )
     algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.hyperparameters(), setting)
     if cfg.privacy.enabled:  # the same wrapper on the server and on every client
+        if cfg.eval.client_model == "trained":
+            raise ConfigError(
+                "privacy.enabled: eval.client_model=trained would score each client with the "
+                "clipped (and noised) reply it sent, not the model it holds; use received"
+            )
         per_round = clients_per_round(cfg.train, num_clients)
         algorithm = private(algorithm, cfg.privacy, per_round, cfg.train.rounds)
     return model, algorithm
