@@ -269,6 +269,27 @@ def test_a_whole_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra):
     assert _scores(got_summary.to_json()["final"]) == pytest.approx(final, abs=1e-3)
 
 
+def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):
+    """A round of more than STACK_GROUP clients trains in groups, each client as alone."""
+    from protofed.runtime import local
+
+    monkeypatch.setattr(local, "STACK_GROUP", 3)  # 4 clients a round: a group of 3, then 1
+    groups: list[int] = []
+    real = local.fit_stacked
+
+    def spy(prepared, server, clients, server_round, states):
+        groups.append(len(clients))
+        return real(prepared, server, clients, server_round, states)
+
+    monkeypatch.setattr(local, "fit_stacked", spy)
+    ref = _loop("train.stacked='false'")
+    got = _loop("train.stacked='true'")
+    ref.run(), got.run()
+    assert groups == [3, 1, 3, 1]
+    for name, value in ref.server["model"].items():
+        torch.testing.assert_close(got.server["model"][name], value, **TIGHT)
+
+
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
