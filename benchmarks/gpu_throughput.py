@@ -5,11 +5,12 @@ trained together on one GPU).
 Usage:
   python benchmarks/gpu_throughput.py [--device cuda|cpu] [--rounds 5] [--quick]
                                       [--only fedavg_har fedali_hart fedavg_cifar10_100]
-                                      [--peak-tflops T] [--data-dir ../shared/data] [--out FILE]
+                                      [--peak-tflops T] [--profile] [--data-dir ../shared/data]
+                                      [--out FILE]
 
 The works:
   fedavg_har          PFLlib's HAR work: FedAvg, UCI-HAR natural clients (30 subjects, all
-                      9 channels, PFLlib's 75/25 split), harcnn, SGD lr 0.005, batch 10,
+                      9 channels, PFLlib's 75/25 split), harcnn, plain SGD lr 0.005, batch 10,
                       1 local epoch, every client every round (benchmarks/pfllib_side_by_side.py).
   fedali_hart         FedAli on HART with ALP, configs/fedali_uci_har_natural.yaml as it is
                       (Adam 1e-4, batch 64, 5 local epochs, 30 clients a round).
@@ -22,7 +23,10 @@ algorithm and model can, with train.stacked=true; where they cannot, the line sa
 What is timed, per round: the round's training (every sampled client's `fit`, through the
 in-process transport) and the server's aggregation, apart; evaluation is left out. Round 1
 is a warm-up (CUDA context, cuDNN's algorithm search, first vmap traces) and reported apart;
-the figures are medians over rounds 2..R. On CUDA every timer synchronises the device.
+the figures are medians over rounds 2..R. On CUDA every timer synchronises the device. --profile adds one more round each way under
+torch.profiler: the share of its wall time the device was busy (low: the round is bound by
+launching kernels, not by computing) and the ops with the most self time (the decomposition
+to read where a target is missed).
 Client-steps a second: the steps the round's clients took (their replies' `steps`) over the
 training seconds. The fraction of peak: the training's FLOPs (3x a forward pass per example,
 the forward counted by torch.utils.flop_counter on one batch) over the training seconds, over
@@ -41,6 +45,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -51,6 +56,7 @@ from protofed.core.types import Reply
 from protofed.errors import ConfigError
 from protofed.runtime import prepare, simulate
 from protofed.runtime.local import stacked_reason
+from protofed.runtime.loop import RoundLoop
 from protofed.runtime.prepare import clients_per_round
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +78,7 @@ WORKS: dict[str, tuple[str | None, list[str]]] = {
             "algorithm.name=fedavg",
             "train.optimizer=sgd",
             "train.lr=0.005",
+            "train.momentum=0.0",  # PFLlib's plain SGD (UCI-HAR's data-set default is 0.9)
             "train.batch_size=10",
             "train.local_epochs=1",
             "train.client_fraction=1.0",
@@ -108,7 +115,7 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
     return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
 
 
-def flops_per_example(loop) -> float:
+def flops_per_example(loop: RoundLoop) -> float:
     """Training FLOPs of one example: 3x its forward pass (forward, then two products back)."""
     p = loop.prepared
     x = p.client_data(0, 1).train_x[: p.cfg.train.batch_size]
@@ -119,8 +126,9 @@ def flops_per_example(loop) -> float:
     return 3.0 * counter.get_total_flops() / max(len(x), 1)
 
 
-def time_rounds(loop, rounds: int) -> list[dict]:
-    """Each round's training and aggregation seconds, steps and examples trained."""
+def time_rounds(loop: RoundLoop, rounds: int) -> tuple[list[dict], dict]:
+    """Each round's training and aggregation seconds, steps and examples trained; and the
+    server state after the last."""
     p, transport, algorithm = loop.prepared, loop.transport, loop.prepared.algorithm
     device = torch.device(p.cfg.train.device)
     per_round = clients_per_round(p.cfg.train, len(p.fed.clients))
@@ -147,7 +155,46 @@ def time_rounds(loop, rounds: int) -> list[dict]:
                 "examples": examples,
             }
         )
-    return out
+    return out, server
+
+
+def profile_round(loop: RoundLoop, server: dict, server_round: int, top: int = 8) -> dict:
+    """One more round's training under torch.profiler: where its time goes. On CUDA, the
+    share of the wall time the device was busy (a launch-bound round keeps it idle) and the
+    kernels launched; on both, the ops with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p = loop.prepared
+    device = torch.device(p.cfg.train.device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    per_round = clients_per_round(p.cfg.train, len(p.fed.clients))
+    clients = sample_clients(p.cfg.seed, server_round, len(p.fed.clients), per_round)
+    with profile(activities=activities) as prof:
+        sync(device)
+        start = time.perf_counter()
+        for _ in loop.transport.fit(server, server_round, clients):
+            pass
+        sync(device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+
+    def self_us(event: Any) -> float:
+        if cuda:
+            return float(getattr(event, "self_device_time_total", 0.0))
+        return float(event.self_cpu_time_total)
+
+    busiest = sorted(events, key=self_us, reverse=True)[:top]
+    kernels = sum(
+        e.count for e in events if cuda and float(getattr(e, "self_device_time_total", 0.0)) > 0
+    )
+    device_s = sum(self_us(e) for e in events) / 1e6 if cuda else None
+    return {
+        "wall_s": wall,
+        "device_busy": None if device_s is None else device_s / wall,
+        "device_ops": kernels if cuda else None,
+        "top": [(e.key, self_us(e) / 1e6, e.count) for e in busiest],
+    }
 
 
 def measure(name: str, args: argparse.Namespace, stacked: bool) -> dict:
@@ -163,8 +210,9 @@ def measure(name: str, args: argparse.Namespace, stacked: bool) -> dict:
     ]
     loop = simulate(prepare(load_config(ROOT / config if config else None, settings)))
     try:
-        rounds = time_rounds(loop, args.rounds)
+        rounds, server = time_rounds(loop, args.rounds)
         per_example = flops_per_example(loop)
+        profiled = profile_round(loop, server, args.rounds + 1) if args.profile else None
     finally:
         loop.transport.close()
     timed = rounds[1:] or rounds
@@ -182,6 +230,7 @@ def measure(name: str, args: argparse.Namespace, stacked: bool) -> dict:
         "client_steps_per_s": steps / train_s,
         "train_tflops": flops / train_s / 1e12,
         "fraction_of_peak": None if peak is None else flops / train_s / (peak * 1e12),
+        "profile": profiled,
     }
 
 
@@ -205,6 +254,15 @@ def line(name: str, result: dict) -> str:
     )
 
 
+def profile_lines(profiled: dict) -> str:
+    busy = profiled["device_busy"]
+    head = f"    profiled round: {profiled['wall_s']:.3f} s"
+    if busy is not None:
+        head += f", device busy {100 * busy:.1f} %, {profiled['device_ops']} device ops"
+    rows = [f"      {seconds:8.4f} s {count:7d}x  {key}" for key, seconds, count in profiled["top"]]
+    return "\n".join([head, *rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -212,6 +270,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a minute on a CPU (see above)")
     parser.add_argument("--only", nargs="*", choices=list(WORKS), default=list(WORKS))
     parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="one more round under torch.profiler, each way"
+    )
     parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu_throughput.json"))
     args = parser.parse_args()
@@ -236,6 +297,8 @@ def main() -> None:
             results.append(measure(name, args, stacked=True))
         for result in results:
             print(line(name, result), flush=True)
+            if result["profile"] is not None:
+                print(profile_lines(result["profile"]), flush=True)
         if reason is not None:
             print(f"{name:20s} not stacked: {reason}")
         elif len(results) == 2:
