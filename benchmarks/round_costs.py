@@ -2,12 +2,19 @@
 
 For fedavg, ditto, fedproto and fedala (configs/uci_har_natural.yaml: cnn1d, SGD momentum 0.9,
 2 local epochs) and fedali (configs/fedali_uci_har_natural.yaml: HART with ALP layers, Adam,
-here 1 local epoch) on UCI-HAR natural clients (30), every client every round, and FedDPA on
+here 1 local epoch) on UCI-HAR natural clients (30), every client every round, FedAvg on
+PFLlib's HAR work (`fedavg_harcnn`: HARCNN, as benchmarks/pfllib_side_by_side.py), and FedDPA on
 100 CIFAR-10 clients (configs/feddpa_cifar10_dirichlet0.3.yaml, 10 % a round), evaluation
 every round: seconds per round split into training, aggregation and evaluation (medians over
 the rounds after the first, which pays for the worker pool's start), rounds per hour with the
 recipe's own `eval.every`, and the ratio of the training time to the model's FLOP floor on
 this machine.
+
+The guard: the non-finite check of every reply and of the aggregated state
+(`protofed.runtime.loop.nonfinite`, in the main process, counted in aggregation) is timed by
+wrapping it here; `guard_s` is its time per round (the run's total / rounds) and `guard_share`
+its part of a round. The checkpoint (`RunDir.save_checkpoint`: digest, save, fsync; outside
+the round's split, written after it) likewise: `checkpoint_s`, `checkpoint_share`.
 
 The floor is FLOPs / peak. FLOPs per round = the forward-and-backward FLOPs of one training
 sample (counted by torch's FlopCounterMode on a batch of the run's size) x the samples a
@@ -28,6 +35,7 @@ Writes benchmarks/out/round_costs.json and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -41,7 +49,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import protofed
 from protofed.api import resolve_config
 from protofed.nn import linear
-from protofed.runtime import prepare
+from protofed.runs import RunDir
+from protofed.runtime import loop, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 UCI = ROOT / "configs" / "uci_har_natural.yaml"
@@ -55,6 +64,24 @@ RECIPES: dict[str, tuple[Path, dict, int | None]] = {
     "fedproto": (UCI, {"algorithm.name": "fedproto"}, 1),
     "fedala": (UCI, {"algorithm.name": "fedala"}, 1),
     "fedali": (FEDALI, {"train.local_epochs": 1}, 1),
+    # PFLlib's HAR work (benchmarks/pfllib_side_by_side.py): HARCNN (2.25 M parameters, the
+    # largest reply here: what the non-finite guard scans), all 9 channels, SGD without
+    # momentum, lr 0.005, batch 10, 1 local epoch, the per-subject 75/25 split
+    "fedavg_harcnn": (
+        UCI,
+        {
+            "algorithm.name": "fedavg",
+            "model.name": "harcnn",
+            "data.channels": "all",
+            "train.batch_size": 10,
+            "train.lr": 0.005,
+            "train.momentum": 0.0,
+            "train.local_epochs": 1,
+            "data.predefined_split": True,
+            "data.split": [0.75, 0, 0.25],
+        },
+        1,
+    ),
     # FedDPA's setting: 100 CIFAR-10 clients, 10 % a round, 5 local epochs, scored every 5th
     "feddpa_cifar10": (FEDDPA, {}, 1),
     # the same 100 clients with personalized models and protofed's default protocol (the
@@ -115,6 +142,27 @@ def flops_per_sample(cfg) -> tuple[float, int]:
     return counter.get_total_flops() / batch, samples * cfg.train.local_epochs
 
 
+@contextlib.contextmanager
+def timed(owner, name: str):
+    """Time every call of `owner.name` (a function or a method) while the block runs; yields
+    the list of call durations."""
+    calls: list[float] = []
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            calls.append(time.perf_counter() - t0)
+
+    setattr(owner, name, wrapper)
+    try:
+        yield calls
+    finally:
+        setattr(owner, name, original)
+
+
 def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "cpu") -> dict:
     config, overrides, passes = RECIPES[name]
     settings = {
@@ -130,7 +178,11 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
     every = resolve_config(str(config)).eval.every  # the recipe's own, for rounds per hour
     per_sample, samples = flops_per_sample(cfg)
     samples *= cfg.train.client_fraction  # the clients a round samples, in expectation
-    with tempfile.TemporaryDirectory() as out:
+    with (
+        tempfile.TemporaryDirectory() as out,
+        timed(loop, "nonfinite") as guard_calls,
+        timed(RunDir, "save_checkpoint") as checkpoint_calls,
+    ):
         run = protofed.run(cfg, out=Path(out) / name, overwrite=True)
         records = list(run.dir.history())
     later = records[1:] or records  # round 1 also starts the worker pool
@@ -150,6 +202,12 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
         "rounds": rounds,
         **split,
         "eval_share": split["eval_s"] / sum(split.values()),
+        "guard_s": sum(guard_calls) / rounds,
+        "guard_calls": len(guard_calls),
+        "guard_share": sum(guard_calls) / rounds / sum(split.values()),
+        # train.checkpoint_every=1: each round's checkpoint (digest, torch.save, fsync)
+        "checkpoint_s": sum(checkpoint_calls) / rounds,
+        "checkpoint_share": sum(checkpoint_calls) / rounds / sum(split.values()),
         "round_s": sum(split.values()),
         "rounds_per_hour": 3600
         / (split["train_s"] + split["aggregate_s"] + split["eval_s"] / every),
@@ -164,15 +222,17 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
 def table(rows: list[dict]) -> str:
     lines = [
         "| recipe | model | train s | aggregate s | eval s | round s | rounds/h | GFLOP/round"
-        " | x floor | eval share |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | x floor | eval share | guard ms | guard share | checkpoint s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['algorithm']} | {r['model']} | {r['train_s']:.2f} | {r['aggregate_s']:.2f} | "
             f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {r['rounds_per_hour']:.0f} | "
             f"{r['gflop_per_round']:.1f} | "
-            f"{r['train_over_floor']:.1f} | {100 * r['eval_share']:.0f} % |"
+            f"{r['train_over_floor']:.1f} | {100 * r['eval_share']:.0f} % | "
+            f"{1e3 * r['guard_s']:.1f} | {100 * r['guard_share']:.1f} % | "
+            f"{r['checkpoint_s']:.2f} |"
         )
     return "\n".join(lines)
 
