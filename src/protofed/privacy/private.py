@@ -137,7 +137,7 @@ class Private(Algorithm):
             stds = self._stds(split(reply, inner).count, clip)
             keys = (PRIVACY_CLIENT, client.server_round, client.id + 1)
             reply = noise_reply(reply, inner, stds, torch_generator(self.setting.seed, *keys))
-        else:  # the bit adaptive clipping counts; the server adds the count's noise
+        elif self.dp.cfg.adaptive:  # the bit adaptive clipping counts (the server noises it)
             reply[PRIVACY] = {UNCLIPPED: torch.tensor(float(norm <= clip))}
         return FitResult(reply, {}, result.state)
 
