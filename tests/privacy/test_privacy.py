@@ -259,6 +259,8 @@ def test_clipping_alone_without_noise_changes_the_model(tmp_path) -> None:
     assert plain.final is not None and clipped.final is not None
     assert plain.final.personalization.acc > 0.7
     assert clipped.final.personalization.acc < plain.final.personalization.acc - 0.3
+    # where it learns nothing, the warning names the privacy layer, not the learning rate
+    assert all("privacy.enabled" in w for w in clipped.warnings if "never beat chance" in w)
 
 
 def test_the_cli_refuses_an_unaccountable_config_in_one_line(tmp_path) -> None:

@@ -342,7 +342,7 @@ class RoundLoop:
             engine=self.transport.name,
             num_clients=self.num_clients,
             total_s=total_s,
-            warnings=chance_warnings(self.history, self.prepared.fed),
+            warnings=chance_warnings(self.history, self.prepared.fed, self.cfg.privacy.enabled),
             diverged=diverged,
             extra=self.summary_extra() if self.summary_extra is not None else None,
             privacy=(

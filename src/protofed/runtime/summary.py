@@ -110,13 +110,15 @@ def build_summary(
     )
 
 
-def chance_warnings(history: list[RoundRecord], fed: FederatedData) -> list[str]:
+def chance_warnings(
+    history: list[RoundRecord], fed: FederatedData, private: bool = False
+) -> list[str]:
     """A warning when no evaluated round's validation accuracy beat chance.
 
     Chance is the better of uniform guessing and predicting each client's most frequent
     validation class (their mean over clients); one point of margin. Worded for whoever runs
     the experiment: too few rounds, a learning rate far off, no momentum, or features left on
-    raw scales (data.standardize=false) are the usual causes.
+    raw scales (data.standardize=false) are the usual causes; in a `private` run, the noise.
     """
     counts = fed.counts_by_split()["val"]
     sizes = counts.sum(axis=1)
@@ -127,9 +129,15 @@ def chance_warnings(history: list[RoundRecord], fed: FederatedData) -> list[str]
     best = max((h.val.acc for h in history if h.val.acc is not None), default=None)
     if best is None or best > chance + 0.01:
         return []
+    never = f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %)"
+    if private:  # the usual cause then: noise far above what the clipped updates carry
+        return [
+            f"{never}: the models did not learn; with privacy.enabled the noise may drown the "
+            "clipped updates: more clients a round, a larger epsilon or fewer rounds help "
+            "(docs/privacy.md)"
+        ]
     return [
-        f"validation accuracy never beat chance ({100 * best:.1f} % vs {100 * chance:.1f} %): "
-        "the models did not learn; try more rounds (train.rounds), another learning rate "
-        "(train.lr, e.g. 10x lower or higher), momentum (train.momentum=0.9) and "
+        f"{never}: the models did not learn; try more rounds (train.rounds), another learning "
+        "rate (train.lr, e.g. 10x lower or higher), momentum (train.momentum=0.9) and "
         "standardized features (data.standardize=true)"
     ]
