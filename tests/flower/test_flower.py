@@ -954,7 +954,8 @@ def test_only_the_superlinks_machine_can_submit_runs(tmp_path) -> None:
     finally:
         survivors = flower.stop()
     assert not survivors, [(p.pid, p.name()) for p in survivors]
-    assert stranger.returncode != 0 and "404" in stranger.stdout, stranger.stdout + stranger.stderr
+    said = stranger.stdout + stranger.stderr
+    assert stranger.returncode != 0 and "404 Not Found" in said, said
     assert set(statuses.values()) == {404}, statuses
     gate_log = flower.log("gate")
     assert "refused POST /v1/control/start-run" in gate_log, gate_log
