@@ -325,6 +325,12 @@ class TrainConfig(_Section):
         "axis (training/stacked.py), where the algorithm can; auto: where it measured faster.",
     )
 
+    @field_validator("stacked", mode="before")
+    @classmethod
+    def _stacked_switch(cls, value: Any) -> Any:
+        """A bare `true` / `false` (YAML's booleans) means the same choice as the string."""
+        return str(value).lower() if isinstance(value, bool) else value
+
 
 class EvalConfig(_Section):
     every: int = Field(1, ge=1)

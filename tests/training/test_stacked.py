@@ -330,3 +330,14 @@ def test_models_that_cannot_stack_say_why():
     assert "buffers" in (model_reason(build_model(ModelConfig(name="cnn1dbn"), (6, 128), 6)) or "")
     dropout = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.1))
     assert "dropout" in (model_reason(dropout) or "")
+
+
+def test_a_bare_true_is_the_same_switch_and_a_refusal_writes_nothing(tmp_path):
+    from protofed.runtime.engine import start
+
+    assert load_config(None, ["train.stacked=true"]).train.stacked == "true"
+    assert load_config(None, ["train.stacked=false"]).train.stacked == "false"
+    cfg = load_config(None, [*BASE, "train.stacked=true", "algorithm.name=moon"])
+    with pytest.raises(ConfigError, match="train.stacked=true"):
+        start(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

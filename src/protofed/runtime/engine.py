@@ -11,7 +11,7 @@ from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, RunDir, check_digest
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
-from protofed.runtime.local import InProcessTransport, PooledTransport
+from protofed.runtime.local import InProcessTransport, PooledTransport, use_stacked
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root
@@ -48,6 +48,7 @@ def recorded_count(prepared: Prepared) -> Prepared:
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Validate and build everything, then create the run directory."""
     prepared = recorded_count(prepare(cfg))
+    use_stacked(prepared.cfg, prepared.algorithm, prepared.model)  # a refusal writes nothing
     run = RunDir.create(
         out,
         prepared.cfg.to_dict(),
