@@ -32,6 +32,7 @@ import torch
 
 from protofed.algorithms import fedali
 from protofed.config import load_config
+from protofed.core.results import RoundInfo, RoundRecord
 from protofed.prototypes import kmeans
 from protofed.runtime import prepare, simulate
 
@@ -94,7 +95,7 @@ def run(backend: str, rounds: int, data_dir: str, seed: int) -> dict:
     )
     per_round: list[dict] = []
 
-    def on_round(r: int, info: dict, record: dict | None) -> None:
+    def on_round(r: int, info: RoundInfo, record: RoundRecord | None) -> None:
         calls_of_round = [c for c in calls if "round" not in c]
         for c in calls_of_round:
             c["round"] = r
@@ -102,12 +103,12 @@ def run(backend: str, rounds: int, data_dir: str, seed: int) -> dict:
         per_round.append(
             {
                 "round": r,
-                "train_s": info["train_s"],
-                "server_s": info["aggregate_s"],
+                "train_s": info.train_s,
+                "server_s": info.aggregate_s,
                 "kmeans_s": sum(c[own] for c in calls_of_round),
-                "eval_s": record["time"]["eval_s"] if record else 0.0,
-                "pers_f1": record["personalization"]["f1"] if record else None,
-                "global_f1": record["global"]["f1"] if record and record["global"] else None,
+                "eval_s": record.time.eval_s if record else 0.0,
+                "pers_f1": record.personalization.f1 if record else None,
+                "global_f1": record.global_.f1 if record and record.global_ else None,
             }
         )
 

@@ -83,8 +83,8 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
         per_round.append(
             {
                 "round": r,
-                "train_s": info["train_s"] + info["aggregate_s"],
-                "eval_s": record["time"]["eval_s"] if record else 0.0,
+                "train_s": info.train_s + info.aggregate_s,
+                "eval_s": record.time.eval_s if record else 0.0,
                 "wall_s": now - marks[-1][0],
                 "cpu_s": cpu - marks[-1][1],
             }
@@ -94,7 +94,7 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
     t1 = time.perf_counter()
     summary = (
         run_simulation_loop(sim, on_round) if engine == "flower" else sim.run(on_round=on_round)
-    )
+    ).to_json()
     wall = time.perf_counter() - t1
     steady = per_round[1:] or per_round  # round 1 carries Flower's start-up
     n = len(steady)

@@ -61,7 +61,7 @@ def run(name: str, device: str, data_dir: str, rounds: int) -> dict:
         ],
     )
     t0 = time.perf_counter()
-    summary = simulate(prepare(cfg)).run()
+    summary = simulate(prepare(cfg)).run().to_json()
     final = summary["final"]
     acc = final["personalization"]["acc"]
     glob = final["global"]["acc"] if final["global"] else None

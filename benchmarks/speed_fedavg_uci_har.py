@@ -68,15 +68,15 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
             {
                 "round": r,
                 "wall_s": now - last[0],
-                "train_s": info["train_s"] + info["aggregate_s"],
-                "eval_s": record["time"]["eval_s"] if record else 0.0,
-                "acc": record["global"]["acc"] if record else None,
+                "train_s": info.train_s + info.aggregate_s,
+                "eval_s": record.time.eval_s if record else 0.0,
+                "acc": record.global_.acc if record and record.global_ else None,
             }
         )
         last[0] = now
 
     last[0] = time.perf_counter()
-    summary = sim.run(on_round=on_round)
+    summary = sim.run(on_round=on_round).to_json()
     n = len(per_round)
     train_s = sum(p["train_s"] for p in per_round) / n
     eval_s = sum(p["eval_s"] for p in per_round) / n

@@ -86,11 +86,11 @@ def measure(
     eval_s: list[float] = []
 
     def on_round(r, info, record):
-        train_s.append(info["train_s"] + info["aggregate_s"])
+        train_s.append(info.train_s + info.aggregate_s)
         if record:
-            eval_s.append(record["time"]["eval_s"])
+            eval_s.append(record.time.eval_s)
 
-    summary = sim.run(on_round=on_round)
+    summary = sim.run(on_round=on_round).to_json()
     final = summary["final"]
     return {
         "train_s": statistics.median(train_s),
