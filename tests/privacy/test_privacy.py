@@ -135,6 +135,14 @@ def test_no_clipped_contribution_exceeds_its_bound(sent, moved, bound, proto) ->
         torch.testing.assert_close(clipped["model"]["w"], reply["model"]["w"])
 
 
+def test_a_prototype_table_is_never_an_update_of_what_was_sent() -> None:
+    """PFPL sends each client prototypes under the name its reply uses: same shapes or not,
+    the reply's table is the client's own statistics (clipped as such, counts dropped)."""
+    table = {"classes": torch.tensor([0, 1]), "means": torch.ones(2, 3)}
+    groups = split({"protos": table}, {"protos": {k: v.clone() for k, v in table.items()}})
+    assert groups.update == () and groups.others == ("protos",)
+
+
 def _replies(m: int, size: int) -> tuple[list[Reply], list[dict]]:
     sent = [{"model": {"w": torch.zeros(size)}} for _ in range(m)]
     replies = [

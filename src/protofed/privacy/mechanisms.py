@@ -45,9 +45,11 @@ class Groups:
 
 
 def is_update(name: str, arrays: Arrays, message: Records) -> bool:
-    """Whether a reply record is an update of a record the client was sent."""
+    """Whether a reply record is an update of a record the client was sent (a prototype
+    table never is: it is the client's own statistics, whatever the server sent under the
+    same name, e.g. PFPL's personalized prototypes)."""
     sent = message.get(name)
-    if not sent or any(key not in sent for key in arrays):
+    if not sent or is_prototypes(arrays) or any(key not in sent for key in arrays):
         return False
     return all(arrays[key].shape == sent[key].shape for key in arrays)
 
@@ -215,6 +217,12 @@ def central_mean(
     the algorithm's `aggregate` computes is post-processing of that one noised release.
     Every reply then weighs the same."""
     groups = split(replies[0].records, sent[0])
+    for reply, message in zip(replies, sent, strict=True):
+        if split(reply.records, message) != groups:  # one release needs one shape
+            raise ValueError(
+                f"privacy: client {reply.client}'s reply has other records than client "
+                f"{replies[0].client}'s ({split(reply.records, message)} vs {groups})"
+            )
     means = {
         name: _mean_update(replies, sent, name, stds[0], denominator, generator)
         for name in groups.update
