@@ -376,16 +376,9 @@ class PrivacySummary(JsonRecord):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PrivacySummary:
-        epsilon = data.get("epsilon")
-        return cls(
-            mode=str(data["mode"]),
-            epsilon=None if epsilon is None else float(epsilon),
-            delta=float(data["delta"]),
-            noise_multiplier=float(data["noise_multiplier"]),
-            clip_norm=float(data["clip_norm"]),
-            sampling=str(data["sampling"]),
-            accountant=str(data["accountant"]),
-        )
+        """From summary.json's `privacy` (JSON already holds each field's type)."""
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
+        return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True)
