@@ -74,7 +74,14 @@ def draw(stats: dict, prefix: Path) -> None:
             ax.set_xlabel("ε (δ = 1e-5)")
             ax.set_ylabel(f"{title} F1 (%)")
             ax.set_title(title)
-        axes[0].legend(loc="best")
+            gone = [
+                name
+                for method, name in NAMES.items()
+                if not any(stats.get((method, e), {}).get(key) for e in EPSILONS[:-1])
+            ]
+            if gone:  # no finished run at any finite epsilon: say it on the figure
+                ax.text(1.5, 15, f"{', '.join(gone)}:\ndiverged at every ε ≤ 8", ha="center")
+        axes[0].legend(loc="upper left")
         save_figure(fig, prefix)
 
 
