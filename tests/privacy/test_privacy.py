@@ -226,6 +226,20 @@ def test_a_private_run_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
     assert resumed.final == whole.final and resumed.privacy == whole.privacy
 
 
+def test_a_poisson_round_that_draws_nobody_leaves_the_model() -> None:
+    cfg = _cfg(
+        "privacy.noise_multiplier=1",
+        "privacy.sampling=poisson",
+        "train.clients_per_round=1",
+        "train.rounds=6",
+    )
+    loop = simulate(prepare(cfg))
+    drawn = [len(loop.sample(r)) for r in range(1, 7)]
+    assert 0 in drawn and max(drawn) > 0  # seed 0 draws some empty rounds, some not
+    summary = loop.run()
+    assert summary.status == "complete" and summary.privacy is not None
+
+
 def test_adaptive_clipping_moves_the_clip_norm_toward_the_quantile(tmp_path) -> None:
     """Noise off and a bound no update reaches: every update is unclipped, so the norm
     shrinks by exp(-clip_lr x (1 - target_quantile)) each round."""

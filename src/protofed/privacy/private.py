@@ -156,7 +156,10 @@ class Private(Algorithm):
             released = central_mean(
                 released, sent, stds, self.dp.per_round, self.setting.num_classes, generator
             )
-        result = self.inner.aggregate(inner, released, server_round)
+        if released:
+            result = self.inner.aggregate(inner, released, server_round)
+        else:  # Poisson sampling drew nobody: the model stays (docs/privacy.md)
+            result = AggregateResult(inner)
         new_clip = self._next_clip(clip, unclipped, generator)
         metrics = {
             **result.metrics,
