@@ -93,6 +93,30 @@ def test_rerun_skips_finished_runs_and_reports_a_locked_one(whole: Path, tmp_pat
     assert before == {n: (whole / n / "summary.json").stat().st_mtime_ns for n in NAMES}
 
 
+def test_a_run_another_sweep_started_meanwhile_is_busy_not_failed(tmp_path: Path) -> None:
+    """Two sweeps on one folder (the second with --only): a run the first looked at as new
+    and the second has started since is reported busy, and nothing is launched over it."""
+    from protofed.sweep import RunState, SweepScheduler
+
+    runs = load_spec(_spec(tmp_path / "spec.yaml")).expand()[:2]
+    out = tmp_path / "out"
+    started = RunDir.create(out / runs[0].name, runs[0].config.to_dict(), {}, "")
+    started.unlock()  # its config.yaml written, its child not yet holding the lock
+    held = RunDir(out / runs[1].name)
+    (out / runs[1].name).mkdir(parents=True)
+    held.lock()
+    try:
+        states = {r.name: RunState("start") for r in runs}
+        result = SweepScheduler(out, states, workers=1).run(runs)
+    finally:
+        held.unlock()
+    assert [o.status for o in result.outcomes] == ["busy", "busy"]
+    assert "since this sweep looked" in result.outcomes[0].detail
+    assert "in use by another process" in result.outcomes[1].detail
+    assert not (out / f"{runs[0].name}.log").exists()  # no child was started
+    assert started.path.is_dir()
+
+
 def test_killed_sweep_resumes_to_the_uninterrupted_numbers(tmp_path: Path) -> None:
     """A short and a long run side by side; Ctrl-C once the short one is written. The long
     one is 25 times the short (not 7.5: on an idle machine 30 tiny rounds ended before the

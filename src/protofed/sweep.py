@@ -652,7 +652,12 @@ class SweepScheduler:
         with _signals(self.interrupt):
             while (self.queue and not self.signals) or self.running:
                 while self.queue and not self.signals and len(self.running) < self.workers:
-                    self.launch(self.queue.pop(0), env)
+                    r = self.queue.pop(0)
+                    if (why := self.taken(r)) is not None:
+                        log = self.out / f"{r.name}.log"
+                        self.report(RunOutcome(r.name, "busy", log=log, detail=why))
+                        continue
+                    self.launch(r, env)
                 time.sleep(0.1)
                 self.stop_overdue()
                 self.reap()
@@ -677,6 +682,23 @@ class SweepScheduler:
             log = self.out / f"{r.name}.log"
             self.report(RunOutcome(r.name, status, None, f1, log=log, detail=detail))
         return todo
+
+    def taken(self, r: SweepRun) -> str | None:
+        """Why `r` must not start now, though it was to when the sweep looked: another
+        sweep on the same folder (`--only`) has started it since (its lock is held, or a
+        run new then has its config.yaml now). None: launch it."""
+        path = self.out / r.name
+        if (path / LOCK).exists():
+            probe = RunDir(path)
+            try:
+                probe.lock()
+            except ConfigError as exc:
+                return str(exc)
+            finally:
+                probe.unlock()
+        if self.states[r.name].action == "start" and (path / CONFIG).is_file():
+            return "started by another process since this sweep looked at it"
+        return None
 
     def child_env(self) -> dict[str, str]:
         """The children's environment: the CPU's threads shared among the workers."""
