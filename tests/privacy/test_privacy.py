@@ -14,11 +14,20 @@ from dp_accounting import dp_event, rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import uci_har_slice
 from protofed.config import PrivacyConfig, load_config
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
 from protofed.privacy import accounting, plan
-from protofed.privacy.mechanisms import central_mean, clip_reply, noise_reply, split
+from protofed.privacy.mechanisms import (
+    PRIVACY,
+    binary_names,
+    central_mean,
+    clip_reply,
+    decode_binary,
+    noise_reply,
+    split,
+)
 from protofed.runtime import prepare, simulate
 from protofed.runtime.engine import resume, start
 
@@ -185,6 +194,102 @@ def test_central_prototypes_are_a_noised_mean_per_class_over_its_holders() -> No
     protos = out[1].records["protos"]
     assert protos["classes"].tolist() == [0, 1]  # class 2: nobody holds it
     assert protos["means"].flatten().tolist() == [1.0, 4.0]
+
+
+# binary records (FedSub's masks) ----------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    bits=st.lists(st.booleans(), min_size=2, max_size=300),
+    bound=st.floats(1e-3, 50.0),
+)
+def test_a_binary_record_is_sent_at_exactly_its_bound_and_decodes_to_its_bits(bits, bound) -> None:
+    """Centred and scaled, every mask has norm `prototype_clip` (no mask exceeds it, and the
+    server cannot tell masks apart by their norm); its sign gives the bits back."""
+    half = len(bits) // 2
+    masks = {"a": torch.tensor(bits[:half]).reshape(-1, 1), "b": torch.tensor(bits[half:])}
+    clipped, _ = clip_reply({"masks": masks}, {}, 1.0, bound)
+    sent = clipped["masks"]
+    assert all(v.is_floating_point() for v in sent.values())
+    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in sent.values()))
+    assert norm <= bound * (1 + 1e-6) and norm == pytest.approx(bound, rel=1e-5)
+    assert binary_names(clipped) == ["masks"]
+    decoded = decode_binary({k: v for k, v in clipped.items() if k != PRIVACY}, ["masks"])
+    assert all(torch.equal(decoded["masks"][k], masks[k]) for k in masks)
+
+
+def test_central_masks_are_the_noised_majority_of_the_round() -> None:
+    """Without noise the sign of the mean of centred bits is the majority vote, whatever
+    the denominator (Poisson divides by the expected count)."""
+    votes = [[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]]
+    replies, sent = [], []
+    for i, bits in enumerate(votes):
+        reply, _ = clip_reply({"masks": {"m": torch.tensor(bits, dtype=torch.bool)}}, {}, 1, 2)
+        replies.append(Reply(i, {"masks": reply["masks"]}))
+        sent.append({})
+    out = central_mean(replies, sent, (0.0, 0.0), 7.5, 2, torch.Generator())
+    assert decode_binary(out[0].records, ["masks"])["masks"]["m"].tolist() == [
+        True,
+        True,
+        True,
+        False,
+    ]
+
+
+def _fedsub_on_har(folder, *extra: str):
+    path = uci_har_slice(folder / "har6.npz", [1, 3, 5, 6, 7, 8], every=8)
+    return load_config(
+        None,
+        [
+            "data.name=arrays",
+            f"data.path={path}",
+            "data.partition=natural",
+            "seed=1",
+            "train.rounds=2",
+            "train.threads=1",
+            "model.name=mlp",
+            "model.hidden=[64]",
+            "algorithm.name=fedsub",
+            "eval.generalization=false",
+            "privacy.enabled=true",
+            "privacy.noise_multiplier=1",
+            *extra,
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "event"),
+    [
+        ("central", dp_event.SampledWithoutReplacementDpEvent(6, 4, dp_event.GaussianDpEvent(0.5))),
+        ("local", dp_event.GaussianDpEvent(0.5)),
+    ],
+)
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_fedsub_runs_private_with_binary_masks_and_dp_accountings_epsilon(
+    shared_data, tmp_path, mode, event
+) -> None:
+    """Real UCI-HAR clients: the masks FedSub's server fuses are bits again, and every
+    round's epsilon is dp-accounting's own for the round's event (replace-one adjacency)."""
+    cfg = _fedsub_on_har(tmp_path, f"privacy.mode={mode}", "train.clients_per_round=4")
+    loop = simulate(prepare(cfg))
+    fused = loop.algorithm.inner
+    seen: list[torch.Tensor] = []
+
+    def spy(server, replies, server_round):
+        replies = list(replies)
+        seen.extend(t for r in replies for t in r.records["masks"].values())
+        return type(fused).aggregate(fused, server, replies, server_round)
+
+    fused.aggregate = spy
+    summary = loop.run()
+    assert summary.status == "complete" and seen
+    assert all(t.dtype == torch.bool for t in seen)
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    for record in loop.history:
+        theirs = rdp.RdpAccountant(neighboring_relation=relation)
+        theirs.compose(event, record.round)
+        assert record.epsilon == theirs.get_epsilon(1e-5)
+    assert summary.privacy is not None and summary.privacy.epsilon == loop.history[-1].epsilon
 
 
 # private runs -----------------------------------------------------------------------------

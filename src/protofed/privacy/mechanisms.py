@@ -9,6 +9,12 @@ A reply is split into groups, each clipped as one vector to its own bound:
   clipped to `privacy.prototype_clip`. A prototype table (`pack_prototypes`) sends its
   class means; its counts become 1 (the server weighs a client's class by presence, never
   by a count that reveals the client's size) and its class indices go in the clear.
+- a **binary record** (every tensor boolean: FedSub's subnetwork masks), d bits in all, is
+  sent centred and scaled, bit b as (2b - 1) x `prototype_clip` / sqrt(d): a vector of norm
+  exactly `prototype_clip` whatever the bits, so it joins the other records under the same
+  bound and the same noise. The server turns what it receives (central: the noised mean;
+  local: each noised reply) back into bits by its sign (`decode_binary`): post-processing,
+  which keeps the guarantee. A reply names its binary records in its `privacy` record.
 
 With G groups, group g clipped to C_g, the reply scaled group by group to C_g = 1 is a
 vector of norm at most sqrt(G); Gaussian noise of std sigma x sqrt(G) x C_g on group g is
@@ -29,7 +35,10 @@ from protofed.errors import ConfigError
 from protofed.prototypes import pack_prototypes, unpack_prototypes
 
 PRIVACY = "privacy"
-"""The record of the privacy layer's own values: the clip norm down, the unclipped bit up."""
+"""The record of the privacy layer's own values: the clip norm down, the unclipped bit and
+the names of the binary records up."""
+BINARY = "binary."
+"""A key of a reply's `privacy` record: `binary.<record>` says that record was binary."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,31 @@ def is_update(name: str, arrays: Arrays, message: Records) -> bool:
 
 def is_prototypes(arrays: Arrays) -> bool:
     return "classes" in arrays and "means" in arrays
+
+
+def is_binary(arrays: Arrays) -> bool:
+    """A record of bits only (FedSub's masks): sent centred and scaled, not refused."""
+    return bool(arrays) and all(value.dtype == torch.bool for value in arrays.values())
+
+
+def encode_binary(arrays: Arrays, bound: float) -> Arrays:
+    """Bits as a float vector of norm exactly `bound`: b -> (2b - 1) x bound / sqrt(d)."""
+    bits = sum(value.numel() for value in arrays.values())
+    step = bound / math.sqrt(max(bits, 1))
+    return {k: (v.to(torch.float32) * 2 - 1) * step for k, v in arrays.items()}
+
+
+def binary_names(records: Records) -> list[str]:
+    """The records a reply sent as encoded bits (named in its `privacy` record)."""
+    return [key[len(BINARY) :] for key in records.get(PRIVACY, {}) if key.startswith(BINARY)]
+
+
+def decode_binary(records: Records, names: list[str]) -> Records:
+    """The named records back as bits: a value above 0 (the centred midpoint) is set."""
+    return {
+        name: {k: v > 0 for k, v in arrays.items()} if name in names else arrays
+        for name, arrays in records.items()
+    }
 
 
 def split(reply: Records, message: Records) -> Groups:
@@ -94,13 +128,17 @@ def _values(name: str, arrays: Arrays) -> Arrays:
 def clip_reply(
     reply: Records, message: Records, clip_norm: float, prototype_clip: float
 ) -> tuple[Records, float]:
-    """The reply with every group clipped to its bound, and the update's norm before."""
+    """The reply with every group clipped to its bound (a binary record encoded first and
+    named in the `privacy` record), and the update's norm before."""
     groups = split(reply, message)
     update = {n: deltas(reply[n], message[n]) for n in groups.update}
     norm = _norm([t for d in update.values() for t in d.values()])
     out = _clipped_update(reply, message, update, _scale(norm, clip_norm), clip_norm)
     for name in groups.others:
         arrays = reply[name]
+        if is_binary(arrays):
+            arrays = encode_binary(arrays, prototype_clip)
+            out.setdefault(PRIVACY, {})[BINARY + name] = torch.tensor(1.0)
         values = _values(name, arrays)
         scale = _scale(_norm(list(values.values())), prototype_clip)
         clipped = {**arrays, **{k: v * scale for k, v in values.items()}}

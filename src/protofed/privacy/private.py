@@ -5,11 +5,12 @@ Flower's DP wrappers wrap a strategy, on both sides of the wire, so the built-in
 Flower engines run the same mechanism:
 - `configure` adds the round's clip norm (record `privacy`) to every message;
 - `fit` runs the algorithm's own `fit`, then clips every record of its reply
-  (mechanisms.py); in `local` mode the client adds its noise before the reply leaves; the
+  (mechanisms.py; a binary record such as FedSub's masks is sent as centred, scaled bits); in `local` mode the client adds its noise before the reply leaves; the
   reply's metrics (its training loss) are not sent;
 - `aggregate` (`central` mode) replaces the round's replies by the noised mean of their
   clipped records before the algorithm's own `aggregate` sees them, then moves the clip
-  norm (adaptive clipping) and reports epsilon in its metrics.
+  norm (adaptive clipping) and reports epsilon in its metrics; in both modes binary records
+  reach the algorithm as bits again (thresholded: post-processing).
 The algorithm itself is untouched: what it computes from the released mean is
 post-processing, so the guarantee holds for any `aggregate`, and a server that keeps
 per-client state (PFPL's prototypes, FedPAC's heads, FedClar's clusters) keeps the mean
@@ -34,7 +35,15 @@ from protofed.core.seeding import PRIVACY_CLIENT, PRIVACY_SERVER, torch_generato
 from protofed.core.types import AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.privacy import accounting
-from protofed.privacy.mechanisms import PRIVACY, central_mean, clip_reply, noise_reply, split
+from protofed.privacy.mechanisms import (
+    PRIVACY,
+    binary_names,
+    central_mean,
+    clip_reply,
+    decode_binary,
+    noise_reply,
+    split,
+)
 from protofed.training.client import Client
 
 CLIP, UNCLIPPED = "clip_norm", "unclipped"
@@ -138,7 +147,10 @@ class Private(Algorithm):
             keys = (PRIVACY_CLIENT, client.server_round, client.id + 1)
             reply = noise_reply(reply, inner, stds, torch_generator(self.setting.seed, *keys))
         elif self.dp.cfg.adaptive:  # the bit adaptive clipping counts (the server noises it)
-            reply[PRIVACY] = {UNCLIPPED: torch.tensor(float(norm <= clip))}
+            reply[PRIVACY] = {
+                **reply.get(PRIVACY, {}),
+                UNCLIPPED: torch.tensor(float(norm <= clip)),
+            }
         return FitResult(reply, {}, result.state)
 
     def aggregate(
@@ -156,6 +168,10 @@ class Private(Algorithm):
             released = central_mean(
                 released, sent, stds, self.dp.per_round, self.setting.num_classes, generator
             )
+        released = [  # binary records back as bits (mechanisms.py): post-processing
+            Reply(out.client, decode_binary(out.records, binary_names(r.records)), {}, 1.0)
+            for out, r in zip(released, received, strict=True)
+        ]
         if released:
             result = self.inner.aggregate(inner, released, server_round)
         else:  # Poisson sampling drew nobody: the model stays (docs/privacy.md)
