@@ -552,3 +552,110 @@ def test_paper_style_sizes_a_column_and_plain_log_ticks(seeded, tmp_path):
     wide = learning_curves(_groups(seeded), style="paper-wide")
     assert wide.get_figwidth() == pytest.approx(7.0)
     plt.close(wide)
+
+
+# --style and --title of partition --plot and embed: the report's styles --------------------
+def _read_back(prefix: Path) -> tuple[tuple[float, float], tuple[float, float], set[float]]:
+    """What the written files say: the PNG's size in inches (pixels / its dpi), the PDF's
+    page size in inches and the font sizes (pt) its text is set in."""
+    import re
+    import zlib
+
+    from PIL import Image
+
+    with Image.open(prefix.with_name(prefix.name + ".png")) as png:
+        dpi = png.info["dpi"]
+        png_in = (png.size[0] / dpi[0], png.size[1] / dpi[1])
+    pdf = prefix.with_name(prefix.name + ".pdf").read_bytes()
+    box = re.search(rb"/MediaBox\s*\[\s*0 0 ([\d.]+) ([\d.]+)\s*\]", pdf)
+    assert box is not None
+    sizes: set[float] = set()
+    for m in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", pdf, re.S):
+        try:
+            body = zlib.decompress(m.group(1))
+        except zlib.error:
+            continue
+        sizes |= {float(s) for s in re.findall(rb"/\S+\s+([\d.]+)\s+Tf", body)}
+    return png_in, (float(box.group(1)) / 72, float(box.group(2)) / 72), sizes
+
+
+def _check_paper_files(prefix: Path, width: float) -> set[float]:
+    """Both files written, `width` inches wide, TrueType fonts; the PDF's font sizes."""
+    png_in, pdf_in, sizes = _read_back(prefix)
+    assert png_in[0] == pytest.approx(width, abs=0.01) and pdf_in[0] == pytest.approx(width)
+    assert png_in[1] == pytest.approx(pdf_in[1], abs=0.01)
+    assert b"/FontFile2" in prefix.with_name(prefix.name + ".pdf").read_bytes()
+    return sizes
+
+
+def test_partition_plot_takes_the_reports_styles_and_title(tmp_path):
+    """--style paper: a 3.3 in column, 8 pt labels and a 9 pt title read back from the PDF,
+    a 300 dpi PNG; paper-wide 7 in; --title '' none; the same keywords in Python."""
+    import matplotlib as mpl
+
+    sets = [*SMALL, "data.num_clients=6", "data.partition=dirichlet", "data.alpha=0.3"]
+    part = ["partition", *_sets(sets), "--plot"]
+    result = runner.invoke(app, [*part, "--style", "paper", "-o", str(tmp_path / "col")])
+    assert result.exit_code == 0, result.output
+    sizes = _check_paper_files(tmp_path / "col", 3.3)
+    assert {8.0, 9.0} <= sizes and min(sizes) >= 6 and max(sizes) <= 9
+    assert "digits, dirichlet: 6 clients" in _pdf_strings(tmp_path / "col.pdf")
+    wide = ["--style", "paper-wide", "--title", "", "-o", str(tmp_path / "wide")]
+    result = runner.invoke(app, [*part, *wide])
+    assert result.exit_code == 0, result.output
+    _check_paper_files(tmp_path / "wide", 7.0)
+    assert "6 clients" not in _pdf_strings(tmp_path / "wide.pdf")  # no title
+
+    before = dict(mpl.rcParams)
+    fed = build_federated(load_config(None, sets).data, 0)
+    fig = partition_figure(fed, "Six clients", style="paper")
+    assert fig.get_figwidth() == pytest.approx(3.3) and fig._suptitle.get_text() == "Six clients"
+    assert fig._suptitle.get_fontsize() == 9
+    ax = _heatmap(fig)
+    labels = ax.get_yticklabels() + ax.get_xticklabels() + [ax.xaxis.label, ax.yaxis.label]
+    assert {t.get_fontsize() for t in labels} == {8.0}
+    np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), fed.counts)
+    assert partition_figure(fed, "", style="paper-wide")._suptitle is None
+    assert dict(mpl.rcParams) == before  # an rc context: the global settings stay
+
+
+def test_a_bad_style_or_a_style_without_plot_is_one_line_exit_2(tmp_path):
+    for args, said in (
+        (["--plot", "--style", "poster", "-o", str(tmp_path / "p")], "unknown style 'poster'"),
+        (["--style", "paper"], "add --plot"),
+    ):
+        result = runner.invoke(app, ["partition", *_sets(SMALL), *args])
+        text = (result.stderr or result.output).strip()
+        assert result.exit_code == 2 and len(text.splitlines()) == 1 and said in text, text
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_embed_takes_the_reports_styles_and_title(runs, tmp_path):
+    """embed and embed --prototypes in the paper styles: the width, 8-9 pt text and both
+    files read back; the legend below the map; --title replaces the title, '' drops it."""
+    from protofed.plots.embed import draw_embedding, embedding_map
+
+    out = tmp_path / "emb"
+    args = ["embed", str(runs["kept"]), "--client", "1", "--other", "2", "--style", "paper"]
+    result = runner.invoke(app, [*args, "--title", "Client 1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    sizes = _check_paper_files(out, 3.3)
+    assert {8.0, 9.0} <= sizes and max(sizes) <= 9
+    text = _pdf_strings(out.with_name("emb.pdf"))
+    assert "Client 1" in text and "personalized embeddings" not in text
+    protos = tmp_path / "protos"
+    args = ["embed", str(runs["fedproto"]), "--prototypes", "--style", "paper-wide"]
+    result = runner.invoke(app, [*args, "--title", "", "-o", str(protos)])
+    assert result.exit_code == 0, result.output
+    sizes = _check_paper_files(protos, 7.0)
+    assert sizes == {8.0}  # ticks, labels and legend; no title
+    assert "class prototypes over rounds" not in _pdf_strings(protos.with_name("protos.pdf"))
+
+    fig = draw_embedding(embedding_map(runs["kept"], 1, 2, max_points=40), style="paper")
+    ax = fig.axes[0]
+    assert fig.get_figwidth() == pytest.approx(3.3) and ax.get_legend() is None
+    assert fig.legends[0].get_texts()[0].get_text() == "own data"
+    assert ax.title.get_fontsize() == 9
+    assert max(map(len, ax.get_title().split("\n"))) < 50  # wrapped to the column
+    result = runner.invoke(app, ["embed", str(runs["kept"]), "--style", "poster"])
+    assert result.exit_code == 2 and "unknown style 'poster'" in result.output

@@ -18,6 +18,18 @@ from protofed.cli.common import (
     user_errors,
 )
 
+StyleOption = Annotated[
+    str,
+    typer.Option(
+        "--style",
+        help="screen, paper (one column, 3.3 in) or paper-wide (7 in): the figure's size "
+        "and fonts (docs/figures.md).",
+    ),
+]
+TitleOption = Annotated[
+    str | None, typer.Option("--title", help="The figure's title; '' for none.")
+]
+
 
 def partition(
     config: ConfigFile = None,
@@ -29,13 +41,20 @@ def partition(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="--plot: file prefix of the figure.")
     ] = Path("partition"),
+    style: StyleOption = "screen",
+    title: TitleOption = None,
 ) -> None:
     """Print the clients x classes count matrix of a config's partition (no training)."""
     from protofed.data import build_federated
+    from protofed.errors import ConfigError
+    from protofed.plots import get_style
 
     with user_errors():
         if plot:
             out = file_prefix(out, "partition")
+            get_style(style)  # a bad style fails before the data are read
+        elif style != "screen" or title is not None:
+            raise ConfigError("--style and --title draw the heat map: add --plot")
         cfg = experiment_config(config, set_, data_dir)
         fed = build_federated(cfg.data, cfg.seed)
         console.print(fed.counts_table(), highlight=False)
@@ -43,7 +62,7 @@ def partition(
             from protofed.plots import save_figure
             from protofed.plots.partition import partition_figure
 
-            paths = save_figure(partition_figure(fed), out)
+            paths = save_figure(partition_figure(fed, title, style=style), out)
             console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)
 
 
@@ -81,21 +100,25 @@ def embed(
         ),
     ] = None,
     data_dir: DataDir = None,
+    style: StyleOption = "screen",
+    title: TitleOption = None,
 ) -> None:
     """t-SNE of a client's personalized embeddings of its own and other clients' test data
     (or another HAR data set's windows), or (--prototypes) of the class prototypes kept
     across rounds (docs/figures.md)."""
     with user_errors():
         from protofed.api import Run
-        from protofed.plots import save_figure
+        from protofed.plots import get_style, save_figure
         from protofed.plots.embed import draw_embedding, embedding_map, prototype_figure
 
         if out is not None:
             out = file_prefix(out, "embed")
+        chosen = get_style(style)  # a bad style fails before the t-SNE
         run_ = Run(run_dir)
         said = ""
         if prototypes:
-            fig, default = prototype_figure(run_), "embed_prototypes"
+            fig = prototype_figure(run_, style=chosen, title=title)
+            default = "embed_prototypes"
         else:
             m = embedding_map(
                 run_,
@@ -106,7 +129,7 @@ def embed(
                 pick=with_clients,
                 own_models=own_models,
             )
-            fig = draw_embedding(m)
+            fig = draw_embedding(m, style=chosen, title=title)
             default = f"embed_client{client}" + ("_own_models" if own_models else "")
             if m.agreement == m.agreement:  # not NaN: there are other points
                 said = f" (the others' nearest own point of their class: {100 * m.agreement:.1f} %)"

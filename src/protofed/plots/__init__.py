@@ -8,6 +8,8 @@ through `style_context`, an rc context: matplotlib's global rcParams are never c
 `paper` is one column of a two-column paper (3.3 in wide), `paper-wide` the full text width
 (7 in); both use 8 pt text, 9 pt titles and TrueType (Type 42) fonts in the PDF, which
 publishers' checks accept (Type 3 fonts are refused by some); the PNG is written at 300 dpi.
+Every figure function takes `style=` and `title=` (None: its default, "": none; `set_title`),
+and lays its legend out with `legend_below` where a paper style puts it under the axes.
 
 ```
 curves.py      report --plot: learning curves with 95 % bands over seeds, per-client
@@ -21,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import textwrap
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -140,6 +143,48 @@ def new_grid(
     mark_style(fig, style)
     axes: list[Axes] = list(grid.ravel())
     return fig, axes
+
+
+def chars_across(width_in: float, fontsize: float) -> int:
+    """About how many characters of `fontsize` pt text fit `width_in` inches."""
+    return int(width_in * 72 / (fontsize * 0.62))
+
+
+def wrap_text(text: str, width_in: float, fontsize: float) -> str:
+    """`text` with each of its lines wrapped to fit `width_in` inches of `fontsize` pt."""
+    fits = max(10, chars_across(width_in, fontsize))
+    return "\n".join(textwrap.fill(line, fits) for line in text.split("\n"))
+
+
+def set_title(obj: Figure | Axes, title: str | None, default: str) -> None:
+    """`title` None: the default title; "": none; else `title`."""
+    from matplotlib.figure import Figure as MplFigure
+
+    text = default if title is None else title
+    if not text:
+        return
+    if isinstance(obj, MplFigure):
+        obj.suptitle(text)
+    else:
+        obj.set_title(text)
+
+
+def legend_columns(width_in: float, labels: Sequence[str], fontsize: float) -> int:
+    """As many legend columns as fit `width_in` inches of `fontsize` pt text."""
+    longest = max((len(x) for x in labels), default=1) + 6
+    return max(1, min(len(labels), chars_across(width_in, fontsize) // longest))
+
+
+def legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
+    """One legend for the figure, under the axes (never over the data), in as many columns
+    as fit the figure's width (a figure with a constrained layout)."""
+    import matplotlib as mpl
+
+    size = float(mpl.rcParams["legend.fontsize"]) if style_of(fig).paper else 8.0
+    ncols = legend_columns(fig.get_figwidth(), labels, size)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=ncols, fontsize=size, frameon=False
+    )
 
 
 def figure_paths(prefix: str | Path) -> list[Path]:

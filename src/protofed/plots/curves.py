@@ -36,9 +36,11 @@ from protofed.plots import (
     Style,
     figure_paths,
     get_style,
+    legend_below,
     new_figure,
     new_grid,
     save_figure,
+    set_title,
     style_context,
     style_of,
 )
@@ -163,25 +165,6 @@ def _arrivals(groups: Sequence[Group]) -> list[int]:
     return []
 
 
-def _legend_columns(width_in: float, labels: Sequence[str], fontsize: float) -> int:
-    """As many legend columns as fit `width_in` inches of `fontsize` pt text."""
-    fits = int(width_in * 72 / (fontsize * 0.62))  # characters across the figure
-    longest = max((len(x) for x in labels), default=1) + 6
-    return max(1, min(len(labels), fits // longest))
-
-
-def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
-    """One legend for the figure, under the axes (never over the data), in as many columns
-    as fit the figure's width."""
-    import matplotlib as mpl
-
-    size = float(mpl.rcParams["legend.fontsize"]) if style_of(fig).paper else 8.0
-    ncols = _legend_columns(fig.get_figwidth(), labels, size)
-    fig.legend(
-        handles, labels, loc="outside lower center", ncols=ncols, fontsize=size, frameon=False
-    )
-
-
 def _tick_label(label: str, width: int = 18) -> str:
     """A group label over lines: one part per line, a long `key=value` broken after `=`."""
     lines = []
@@ -189,19 +172,6 @@ def _tick_label(label: str, width: int = 18) -> str:
         key, eq, value = part.partition("=")
         lines += [key + eq, value] if eq and len(part) > width else [part]
     return "\n".join(lines)
-
-
-def _set_title(obj: Figure | Axes, title: str | None, default: str) -> None:
-    """`title` None: the default title; "": none; else `title`."""
-    from matplotlib.figure import Figure as MplFigure
-
-    text = default if title is None else title
-    if not text:
-        return
-    if isinstance(obj, MplFigure):
-        obj.suptitle(text)
-    else:
-        obj.set_title(text)
 
 
 def _plain(value: float, _pos: int | None = None) -> str:
@@ -332,8 +302,8 @@ def learning_curves(
         if arrivals:
             handles.append(flat[0].lines[-1])
             shown.append("a class returns (data.dynamic)")
-        _legend_below(fig, handles, shown)
-        _set_title(fig, title, f"Learning curves: mean over seeds, {BAND_SHORT[band]}")
+        legend_below(fig, handles, shown)
+        set_title(fig, title, f"Learning curves: mean over seeds, {BAND_SHORT[band]}")
     return fig
 
 
@@ -389,7 +359,7 @@ def client_distributions(
         )
         ax.grid(axis="y", alpha=0.3)
         default = "Per-client pers. F1" if chosen.paper else "Per-client personalization F1"
-        _set_title(ax, title, f"{default}, clients of all seeds")
+        set_title(ax, title, f"{default}, clients of all seeds")
     return fig
 
 
@@ -435,9 +405,9 @@ def pers_vs_gen(
         ax.set_xlabel("generalization macro-F1 (%)")
         ax.set_ylabel("personalization macro-F1 (%)")
         ax.grid(alpha=0.3)
-        _legend_below(fig, handles, shown)
+        legend_below(fig, handles, shown)
         default = "Pers. vs gen. F1" if chosen.paper else "Personalization vs generalization"
-        _set_title(ax, title, f"{default}:\nruns (dots), group means (diamonds)")
+        set_title(ax, title, f"{default}:\nruns (dots), group means (diamonds)")
     return fig
 
 

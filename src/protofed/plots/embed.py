@@ -8,7 +8,9 @@
   clients' prototypes gather around the global ones as rounds pass.
 
 Points are subsampled (at most `max_points` per client) and t-SNE is seeded, both from the
-run's seed, so the same run draws the same figure.
+run's seed, so the same run draws the same figure. `style=` sizes a figure for a screen or
+a paper (`protofed.plots.STYLES`: on paper the legend goes below the map), `title=`
+replaces its title ("" for none).
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ import numpy as np
 
 from protofed.api import Run, resolve_config
 from protofed.errors import ConfigError
-from protofed.plots import new_figure
+from protofed.plots import (
+    Style,
+    get_style,
+    legend_below,
+    legend_columns,
+    new_figure,
+    set_title,
+    style_context,
+    wrap_text,
+)
 from protofed.runs import PARTITION, reading
 from protofed.runtime.keep import read_kept
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -256,54 +268,115 @@ def embedding_map(
     )
 
 
-def draw_embedding(m: EmbeddingMap) -> Figure:
-    """colour = class, filled circle = own data, cross = the others'."""
+def _class_handles(classes: np.ndarray, class_names: list[str], colours: np.ndarray) -> list:
+    """A legend square per class present (none where there are too many to read)."""
     from matplotlib.lines import Line2D
 
-    colours = np.asarray(_class_colours(len(m.class_names)))
-    xy, y, mine = m.xy, m.labels, m.own
-    fig, ax = new_figure(7.2, 5.4)
-    theirs = xy[~mine]
-    ax.scatter(
-        theirs[:, 0],
-        theirs[:, 1],
-        c=colours[y[~mine]],
-        marker="x",
-        s=14,
-        linewidths=0.8,
-        alpha=0.6,
-    )
-    ax.scatter(
-        xy[mine][:, 0],
-        xy[mine][:, 1],
-        c=colours[y[mine]],
-        marker="o",
-        s=16,
-        edgecolors="black",
-        linewidths=0.3,
-    )
+    present = np.unique(classes)
+    if len(present) > MAX_CLASSES_IN_LEGEND:
+        return []
+    return [
+        Line2D([], [], marker="s", ls="", color=colours[k], label=class_names[k]) for k in present
+    ]
+
+
+def _map_figure(style: Style, handles: list, title: str) -> tuple[Figure, Axes]:
+    """The figure of a t-SNE map: 7.2 x 5.4 in on screen; on paper the style's width, tall
+    enough for the map, the legend below it and `title`'s lines."""
+    if not style.paper:
+        return new_figure(7.2, 5.4, style=style)
+    import matplotlib as mpl
+
+    width = float(style.width or 3.3)
+    labels = [h.get_label() for h in handles]
+    rows = -(-len(labels) // legend_columns(width, labels, float(mpl.rcParams["legend.fontsize"])))
+    lines = title.count("\n") + 1 if title else 0
+    height = min(0.8 * width, 4.0) + 0.5 + 0.16 * rows + 0.16 * lines
+    return new_figure(width, height, layout="constrained", style=style)
+
+
+def _map_title(style: Style, title: str | None, default: str) -> str:
+    """The title drawn: `title` as given ("" none), else the default, on paper re-wrapped to
+    the style's width."""
+    if title is not None:
+        return title
+    if not style.paper:
+        return default
+    import matplotlib as mpl
+
+    size = float(mpl.rcParams["axes.titlesize"])
+    return wrap_text(" ".join(default.split("\n")), float(style.width or 3.3), size)
+
+
+def _finish_map(fig: Figure, ax: Axes, style: Style, handles: list, title: str) -> None:
+    """Axis labels, the title, and the legend: right of the map on screen, below on paper."""
     ax.set_xlabel("t-SNE 1")
     ax.set_ylabel("t-SNE 2")
-    ax.set_title(m.title, fontsize=10)
-    handles = [
-        Line2D([], [], marker="o", ls="", color="grey", markeredgecolor="black", label="own data"),
-        Line2D([], [], marker="x", ls="", color="grey", label=m.other_label),
-    ]
-    present = np.unique(y)
-    if len(present) <= MAX_CLASSES_IN_LEGEND:
-        handles += [
-            Line2D([], [], marker="s", ls="", color=colours[k], label=m.class_names[k])
-            for k in present
-        ]
+    set_title(ax, title, "")
+    if style.paper:
+        legend_below(fig, handles, [h.get_label() for h in handles])
+        return
+    ax.title.set_fontsize(10)
     ax.legend(
         handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
     )
+
+
+def draw_embedding(
+    m: EmbeddingMap, *, style: str | Style = "screen", title: str | None = None
+) -> Figure:
+    """colour = class, filled circle = own data, cross = the others'. `style`: `screen`,
+    `paper` or `paper-wide`; `title`: None `m.title`, "" none."""
+    from matplotlib.lines import Line2D
+
+    chosen = get_style(style)
+    colours = np.asarray(_class_colours(len(m.class_names)))
+    xy, y, mine = m.xy, m.labels, m.own
+    dot = 0.5 if chosen.paper else 1.0  # marker areas: smaller on a smaller figure
+    with style_context(chosen):
+        handles = [
+            Line2D(
+                [], [], marker="o", ls="", color="grey", markeredgecolor="black", label="own data"
+            ),
+            Line2D([], [], marker="x", ls="", color="grey", label=m.other_label),
+            *_class_handles(y, m.class_names, colours),
+        ]
+        text = _map_title(chosen, title, m.title)
+        fig, ax = _map_figure(chosen, handles, text)
+        theirs = xy[~mine]
+        ax.scatter(
+            theirs[:, 0],
+            theirs[:, 1],
+            c=colours[y[~mine]],
+            marker="x",
+            s=14 * dot,
+            linewidths=0.8,
+            alpha=0.6,
+        )
+        ax.scatter(
+            xy[mine][:, 0],
+            xy[mine][:, 1],
+            c=colours[y[mine]],
+            marker="o",
+            s=16 * dot,
+            edgecolors="black",
+            linewidths=0.3,
+        )
+        _finish_map(fig, ax, chosen, handles, text)
     return fig
 
 
-def embedding_figure(run: Run | str | Path, client: int, **options: Any) -> Figure:
-    """`embedding_map(run, client, **options)` drawn (`draw_embedding`)."""
-    return draw_embedding(embedding_map(run, client, **options))
+def embedding_figure(
+    run: Run | str | Path,
+    client: int,
+    *,
+    style: str | Style = "screen",
+    title: str | None = None,
+    **options: Any,
+) -> Figure:
+    """`embedding_map(run, client, **options)` drawn (`draw_embedding`) in `style`."""
+    chosen = get_style(style)  # a bad style fails before the t-SNE
+    return draw_embedding(embedding_map(run, client, **options), style=chosen, title=title)
 
 
 @dataclass
@@ -413,57 +486,53 @@ def _prototype_legend(
         Line2D([], [], marker="o", ls="", color="grey", alpha=alpha[r], label=f"round {r}")
         for r in (order if len(order) <= 6 else [order[0], order[len(order) // 2], order[-1]])
     ]
-    present = np.unique(m.classes)
-    if len(present) <= MAX_CLASSES_IN_LEGEND:
-        handles += [
-            Line2D([], [], marker="s", ls="", color=colours[k], label=m.class_names[k])
-            for k in present
-        ]
-    return handles
+    return handles + _class_handles(m.classes, m.class_names, colours)
 
 
-def draw_prototypes(m: PrototypeMap, algorithm: str) -> Figure:
-    """`m` drawn: colour = class, star = global, a marker per client; fainter = earlier."""
+def draw_prototypes(
+    m: PrototypeMap, algorithm: str, *, style: str | Style = "screen", title: str | None = None
+) -> Figure:
+    """`m` drawn: colour = class, star = global, a marker per client; fainter = earlier.
+    `style`: `screen`, `paper` or `paper-wide`; `title`: None the default, "" none."""
     order, clients = m.kept_rounds, m.clients
+    chosen = get_style(style)
     alpha = _round_alpha(m)
     colours = np.asarray(_class_colours(len(m.class_names)))
     marker = _set_markers(m)
-    fig, ax = new_figure(7.2, 5.4)
-    for r in order:
-        for j, name in enumerate(m.names):
-            pick = (m.rounds == r) & (m.owners == j)
-            if pick.any():
-                is_g = name == "global"
-                ax.scatter(
-                    m.xy[pick, 0],
-                    m.xy[pick, 1],
-                    c=colours[m.classes[pick]],
-                    marker=marker[name],
-                    s=120 if is_g else 16,
-                    alpha=alpha[r],
-                    edgecolors="black" if is_g else "none",
-                    linewidths=0.5,
-                )
-    ax.set_xlabel("t-SNE 1")
-    ax.set_ylabel("t-SNE 2")
-    ax.set_title(
+    dot = 0.5 if chosen.paper else 1.0  # marker areas: smaller on a smaller figure
+    default = (
         f"{algorithm}: class prototypes over rounds {order[0]}-{order[-1]}\n"
         f"({'global and ' if 'global' in m.names else ''}{len(clients)} clients' local, "
-        f"{len(order)} kept rounds)",
-        fontsize=10,
+        f"{len(order)} kept rounds)"
     )
-    ax.legend(
-        handles=_prototype_legend(m, marker, alpha, colours),
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
-        frameon=False,
-    )
+    with style_context(chosen):
+        handles = _prototype_legend(m, marker, alpha, colours)
+        text = _map_title(chosen, title, default)
+        fig, ax = _map_figure(chosen, handles, text)
+        for r in order:
+            for j, name in enumerate(m.names):
+                pick = (m.rounds == r) & (m.owners == j)
+                if pick.any():
+                    is_g = name == "global"
+                    ax.scatter(
+                        m.xy[pick, 0],
+                        m.xy[pick, 1],
+                        c=colours[m.classes[pick]],
+                        marker=marker[name],
+                        s=(120 if is_g else 16) * dot,
+                        alpha=alpha[r],
+                        edgecolors="black" if is_g else "none",
+                        linewidths=0.5,
+                    )
+        _finish_map(fig, ax, chosen, handles, text)
     return fig
 
 
-def prototype_figure(run: Run | str | Path) -> Figure:
-    """t-SNE of every kept prototype (`prototype_map`), drawn (`draw_prototypes`): colour =
-    class, star = global, dot = a client's; fainter = earlier round."""
+def prototype_figure(
+    run: Run | str | Path, *, style: str | Style = "screen", title: str | None = None
+) -> Figure:
+    """t-SNE of every kept prototype (`prototype_map`), drawn (`draw_prototypes`) in `style`:
+    colour = class, star = global, dot = a client's; fainter = earlier round."""
+    chosen = get_style(style)  # a bad style fails before the t-SNE
     run = run if isinstance(run, Run) else Run(run)
-    return draw_prototypes(prototype_map(run), run.config.algorithm.name)
+    return draw_prototypes(prototype_map(run), run.config.algorithm.name, style=chosen, title=title)

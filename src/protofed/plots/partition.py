@@ -6,7 +6,8 @@ sample count (train + val + test). Where clients come from domains (digits_domai
 office_caltech with `mixed`, any data set whose clients each lie in one natural group that
 others share), a colour strip left of the rows names each client's domain. Counts are written
 in the cells while they fit; a federation of 100+ clients gets thin rows, no numbers and
-sparse client labels, so it stays readable.
+sparse client labels, so it stays readable. `style=` sizes it for a screen or a paper
+(`protofed.plots.STYLES`), `title=` replaces its title ("" for none).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protofed.data.federated import FederatedData
-from protofed.plots import new_figure
+from protofed.plots import (
+    Style,
+    get_style,
+    new_figure,
+    set_title,
+    style_context,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -26,6 +33,9 @@ MAX_ANNOTATED_CELLS = 400  # beyond this, numbers in cells are unreadable
 MAX_LABELLED_CLIENTS = 40  # beyond this, only every n-th client is labelled
 MAX_LABELLED_CLASSES = 40
 STRIP_POINTS = 7  # the width of the domain strip left of the rows
+PAPER_ROW = 0.13  # inches per client's row on paper (a screen's is 0.28)
+MARGINS = (1.9, 1.1)  # inches around the cells: labels, strip, colour bar; titles, x labels
+LABEL_POINTS = 9.0  # the least row height, in points, that a client's name is written in
 HEATMAP = "heatmap"  # the label of the heat map's axes (tests and callers find it by it)
 
 
@@ -45,34 +55,80 @@ def client_domains(fed: FederatedData) -> tuple[list[int], list[str]] | None:
     return [used.index(g) for g in groups], label
 
 
-def partition_figure(fed: FederatedData, title: str | None = None) -> Figure:
-    """The heat map of `fed.counts` (clients x classes), with domains where clients have them."""
+def figure_size(style: Style, n_clients: int, n_classes: int, domains: bool) -> tuple[float, float]:
+    """The heat map's size in inches: on screen it grows with the clients and classes; on
+    paper it is the style's width and at most 1.3 widths (5.5 in) tall."""
+    extra = 0.5 if domains else 0.0
+    if style.width is None:
+        width = min(max(4.5, 0.45 * n_classes + 2.5), 16.0)
+        return width, min(max(3.0, 0.28 * n_clients + 1.6), 12.0) + extra
+    height = max(2.2, PAPER_ROW * n_clients + 1.1) + extra
+    return style.width, min(height, 1.3 * style.width, 5.5)
+
+
+def partition_figure(
+    fed: FederatedData, title: str | None = None, *, style: str | Style = "screen"
+) -> Figure:
+    """The heat map of `fed.counts` (clients x classes), with domains where clients have them.
+    `title`: None the default, "" none; `style`: `screen`, `paper` or `paper-wide`."""
+    chosen = get_style(style)
     counts = np.asarray(fed.counts)
     n_clients, n_classes = counts.shape
     domains = client_domains(fed)
-    width = min(max(4.5, 0.45 * n_classes + 2.5), 16.0)
-    height = min(max(3.0, 0.28 * n_clients + 1.6), 12.0) + (0.5 if domains else 0.0)
-    fig, ax = new_figure(width, height)
-    ax.set_label(HEATMAP)
-    image = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest", vmin=0)
-    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
-    bar.set_label("samples (train + val + test)")
+    size = figure_size(chosen, n_clients, n_classes, domains is not None)
+    with style_context(chosen):
+        fig, ax = new_figure(*size, style=chosen)
+        ax.set_label(HEATMAP)
+        image = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest", vmin=0)
+        bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+        bar.set_label("samples (train + val + test)")
+        cell = ((size[0] - MARGINS[0]) * 72 / n_classes, _row_points(size, n_clients, domains))
+        if counts.size <= MAX_ANNOTATED_CELLS and _numbers_fit(counts, cell):
+            _annotate_cells(ax, counts)
+        _label_axes(ax, fed, chosen, cell[1])
+        if domains is not None:
+            _domain_strip(ax, *domains)
+        partition = fed.meta.get("partition", "")
+        if chosen.paper:  # short enough for a column
+            default = f"{fed.dataset}, {partition}: {n_clients} clients"
+        else:
+            default = f"{fed.dataset}: {partition} partition, {n_clients} clients"
+        set_title(fig, title, default)
+    return fig
 
-    if counts.size <= MAX_ANNOTATED_CELLS:
-        threshold = counts.max() / 2 if counts.size else 0
-        for i, j in np.ndindex(counts.shape):
-            value = int(counts[i, j])
-            if value:
-                ax.text(
-                    j,
-                    i,
-                    str(value),
-                    ha="center",
-                    va="center",
-                    fontsize=7 if value < 1000 else 6,
-                    color="white" if value > threshold else "black",
-                )
 
+def _row_points(size: tuple[float, float], n_clients: int, domains: object) -> float:
+    """About how tall a client's row is, in points."""
+    return (size[1] - MARGINS[1] - (0.5 if domains else 0.0)) * 72 / max(1, n_clients)
+
+
+def _numbers_fit(counts: np.ndarray, cell: tuple[float, float]) -> bool:
+    """Whether the largest count, in its font, fits a cell (`cell`: width, height in pt)."""
+    largest = int(counts.max()) if counts.size else 0
+    size = 7 if largest < 1000 else 6
+    return len(str(largest)) * size * 0.62 <= cell[0] and 1.1 * size <= cell[1]
+
+
+def _annotate_cells(ax: Axes, counts: np.ndarray) -> None:
+    """Each nonzero count in its cell, white on dark cells."""
+    threshold = counts.max() / 2 if counts.size else 0
+    for i, j in np.ndindex(counts.shape):
+        value = int(counts[i, j])
+        if value:
+            ax.text(
+                j,
+                i,
+                str(value),
+                ha="center",
+                va="center",
+                fontsize=7 if value < 1000 else 6,
+                color="white" if value > threshold else "black",
+            )
+
+
+def _label_axes(ax: Axes, fed: FederatedData, style: Style, row_points: float) -> None:
+    """Class names below, client names left: every n-th where rows are too thin for each."""
+    n_clients, n_classes = np.asarray(fed.counts).shape
     ax.set_xlabel("class")
     if n_classes <= MAX_LABELLED_CLASSES:
         ax.set_xticks(range(n_classes))
@@ -81,16 +137,14 @@ def partition_figure(fed: FederatedData, title: str | None = None) -> Figure:
             fed.class_names, rotation=45 if long else 0, ha="right" if long else "center"
         )
     step = 1 if n_clients <= MAX_LABELLED_CLIENTS else int(np.ceil(n_clients / 20))
+    step = max(step, int(np.ceil(LABEL_POINTS / max(row_points, 1e-9))))
     ticks = list(range(0, n_clients, step))
     names = [fed.clients[i].name for i in ticks]
-    ax.set_yticks(ticks)
-    ax.set_yticklabels(names, fontsize=8 if n_clients <= MAX_LABELLED_CLIENTS else 7)
+    if style.paper:  # the style's tick size: legible in print
+        ax.set_yticks(ticks, names)
+    else:
+        ax.set_yticks(ticks, names, fontsize=8 if n_clients <= MAX_LABELLED_CLIENTS else 7)
     ax.set_ylabel(f"client ({n_clients})")
-    if domains is not None:
-        _domain_strip(ax, *domains)
-    partition = fed.meta.get("partition", "")
-    fig.suptitle(title or f"{fed.dataset}: {partition} partition, {n_clients} clients")
-    return fig
 
 
 def _domain_strip(ax: Axes, index: list[int], names: list[str]) -> None:
