@@ -10,7 +10,7 @@ import math
 import dp_accounting
 import pytest
 import torch
-from dp_accounting import dp_event, rdp
+from dp_accounting import dp_event, pld, rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,6 +78,54 @@ def test_epsilon_grows_with_rounds_and_is_infinite_without_noise() -> None:
     assert accounting.epsilon(cfg, 30, 10, 0.0, 5) == math.inf
 
 
+def _fresh_epsilon(cfg: PrivacyConfig, event: dp_event.DpEvent, rounds: int) -> float:
+    """dp-accounting's own answer: a new accountant, the round's event composed `rounds` times."""
+    relation = dp_accounting.NeighboringRelation
+    if cfg.accountant == "pld":
+        theirs: dp_accounting.PrivacyAccountant = pld.PLDAccountant()
+    elif cfg.sampling == "poisson":
+        theirs = rdp.RdpAccountant()
+    else:
+        theirs = rdp.RdpAccountant(neighboring_relation=relation.REPLACE_ONE)
+    return theirs.compose(dp_event.SelfComposedDpEvent(event, rounds)).get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize(
+    ("settings_", "event", "asked"),
+    [
+        (
+            {"sampling": "fixed"},
+            dp_event.SampledWithoutReplacementDpEvent(30, 10, dp_event.GaussianDpEvent(0.6)),
+            [1, 2, 40, 7],
+        ),
+        (
+            {"sampling": "poisson"},
+            dp_event.PoissonSampledDpEvent(1 / 3, dp_event.GaussianDpEvent(1.2)),
+            [1, 2, 40, 7],
+        ),
+        (
+            {"sampling": "poisson", "accountant": "pld"},
+            dp_event.PoissonSampledDpEvent(1 / 3, dp_event.GaussianDpEvent(1.2)),
+            [1, 3, 2],
+        ),
+        ({"mode": "local"}, dp_event.GaussianDpEvent(0.6), [1, 2, 50]),
+    ],
+    ids=["fixed-rdp", "poisson-rdp", "poisson-pld", "local-rdp"],
+)
+def test_each_rounds_epsilon_is_a_fresh_dp_accounting_computations(settings_, event, asked) -> None:
+    """The plan composes rounds from what it computed once; every round's epsilon is still
+    what a new dp-accounting accountant says for that many rounds, whatever the order the
+    rounds are asked in (a run goes forward; a resumed one starts late; the summary asks
+    for the last again)."""
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=1.2, **settings_)
+    dp = plan(cfg, 30, 10, 200)
+    spent = {rounds: dp.epsilon(rounds) for rounds in asked}
+    for rounds, value in spent.items():
+        assert value == pytest.approx(_fresh_epsilon(cfg, event, rounds), rel=1e-9, abs=0)
+    again = plan(cfg, 30, 10, 200)  # the same number, asked in another order
+    assert [again.epsilon(r) for r in sorted(asked)] == [spent[r] for r in sorted(asked)]
+
+
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
 @pytest.mark.parametrize("target", [1.0, 4.0])
 def test_target_epsilon_calibration_lands_on_the_target(sampling, target) -> None:
@@ -102,6 +150,11 @@ def test_local_mode_is_accounted_as_each_clients_own_gaussian() -> None:
         ([], "privacy: set exactly one"),
         (["privacy.noise_multiplier=1", "privacy.target_epsilon=2"], "privacy: set exactly one"),
         (["privacy.accountant=pld", "privacy.target_epsilon=2"], "privacy.accountant"),
+        (["privacy.accountant=pld", "privacy.noise_multiplier=1"], "privacy.accountant"),
+        (
+            ["privacy.accountant=pld", "privacy.mode=local", "privacy.noise_multiplier=1"],
+            "privacy.accountant",
+        ),
         (["privacy.target_epsilon=2", "privacy.noise_multiplier=0"], "privacy: set exactly one"),
         (["privacy.mode=local", "privacy.adaptive=true", "privacy.noise_multiplier=1"], "adaptive"),
         (["privacy.adaptive=true", "privacy.noise_multiplier=5", "privacy.count_noise=1"], "count"),

@@ -13,7 +13,9 @@ is shared out). How the clients are drawn decides the event and the neighbouring
   accountant has no such event).
 
 Nothing here is hand-written accounting: events, composition, epsilon and the calibration
-of sigma for a target epsilon all come from dp-accounting.
+of sigma for a target epsilon all come from dp-accounting. A run asks for epsilon after
+every round, so `Ledger` does once what does not depend on the round count (a round's RDP
+vector, a round's privacy loss distribution) and composes the rounds from it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event, pld, rdp
+from dp_accounting.pld import privacy_loss_distribution
 
 from protofed.config import PrivacyConfig
 from protofed.errors import ConfigError
 
 NeighboringRelation = dp_accounting.NeighboringRelation
+PLD_INTERVAL = 1e-4
+"""The PLD accountant's discretization of the privacy loss (dp-accounting's default)."""
 
 
 @contextmanager
@@ -71,7 +77,7 @@ def accountant(cfg: PrivacyConfig) -> dp_accounting.PrivacyAccountant:
                 "privacy.accountant: pld cannot account privacy.sampling=fixed (sampling "
                 "without replacement); use accountant=rdp or sampling=poisson"
             )
-        return pld.PLDAccountant(neighboring_relation=relation)
+        return pld.PLDAccountant(relation, value_discretization_interval=PLD_INTERVAL)
     return rdp.RdpAccountant(neighboring_relation=relation)
 
 
@@ -86,6 +92,67 @@ def epsilon(
     event = dp_event.SelfComposedDpEvent(round_event(cfg, population, per_round, sigma), rounds)
     with _quiet():
         return float(accountant(cfg).compose(event).get_epsilon(cfg.delta))
+
+
+class Ledger:
+    """Epsilon after any number of rounds of one run, each answer as dp-accounting gives it
+    for the run's rounds composed (`epsilon`), with the work that does not depend on the
+    round count done once:
+    - `rdp`: a round's RDP vector, times the round count (what the accountant does for a
+      `SelfComposedDpEvent`: the same float operations, the same epsilon);
+    - `pld`: a round's privacy loss distribution, composed one round at a time (the
+      accountant self-composes it by FFT instead: the same epsilon to about 1e-10, and
+      always the same number for the same round, whatever rounds were asked before).
+    """
+
+    def __init__(self, cfg: PrivacyConfig, population: int, per_round: int, sigma: float) -> None:
+        accountant(cfg)  # refuses what it cannot account before round 1
+        self.cfg, self.sigma = cfg, sigma
+        self.event = round_event(cfg, population, per_round, sigma) if sigma > 0 else None
+        self._spent: dict[int, float] = {}
+        self._rdp: tuple[np.ndarray, np.ndarray] | None = None  # (orders, one round's RDP)
+        self._pld_round: privacy_loss_distribution.PrivacyLossDistribution | None = None
+        self._pld: tuple[int, privacy_loss_distribution.PrivacyLossDistribution] | None = None
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at `cfg.delta` after `rounds` rounds (inf without noise, 0 before round 1)."""
+        if rounds <= 0:
+            return 0.0
+        if self.event is None:
+            return math.inf
+        if rounds not in self._spent:
+            compose = self._pld_epsilon if self.cfg.accountant == "pld" else self._rdp_epsilon
+            with _quiet():
+                self._spent[rounds] = compose(rounds)
+        return self._spent[rounds]
+
+    def _rdp_epsilon(self, rounds: int) -> float:
+        if self._rdp is None:
+            assert self.event is not None
+            one = accountant(self.cfg).compose(self.event)
+            assert isinstance(one, rdp.RdpAccountant)
+            self._rdp = (one.orders, one.rdp)
+        orders, per_round = self._rdp
+        return float(rdp.compute_epsilon(orders, rounds * per_round, self.cfg.delta)[0])
+
+    def _pld_epsilon(self, rounds: int) -> float:
+        """The PLD accountant's own distribution for one Poisson-sampled Gaussian round (the
+        only event it is given: accountant() refuses the others), composed `rounds` times."""
+        assert isinstance(self.event, dp_event.PoissonSampledDpEvent)
+        if self._pld_round is None:
+            self._pld_round = privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=self.sigma,
+                value_discretization_interval=PLD_INTERVAL,
+                sampling_prob=self.event.sampling_probability,
+                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            )
+        done, composed = 0, privacy_loss_distribution.identity(PLD_INTERVAL)
+        if self._pld is not None and self._pld[0] <= rounds:
+            done, composed = self._pld
+        for _ in range(rounds - done):
+            composed = composed.compose(self._pld_round)
+        self._pld = (rounds, composed)
+        return float(composed.get_epsilon_for_delta(self.cfg.delta))
 
 
 def calibrate(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,11 +62,10 @@ class Plan:
     sigma: float  # the multiplier the accountant composes
     sigma_update: float  # the update's (adaptive clipping spends the rest on the count)
     count_noise: float  # adaptive: std of the noise on the unclipped count
+    ledger: accounting.Ledger = field(compare=False, repr=False)  # epsilon, round by round
 
     def epsilon(self, rounds: int) -> float:
-        if self.cfg.mode == "local":
-            return accounting.epsilon(self.local_cfg, 1, 1, self.sigma, rounds)
-        return accounting.epsilon(self.cfg, self.population, self.per_round, self.sigma, rounds)
+        return self.ledger.epsilon(rounds)
 
     @property
     def local_cfg(self) -> PrivacyConfig:
@@ -83,6 +82,11 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
         )
     if cfg.adaptive and cfg.mode == "local":
         raise ConfigError("privacy.adaptive: adaptive clipping needs privacy.mode=central")
+    if cfg.accountant == "pld" and cfg.mode == "local":
+        raise ConfigError(
+            "privacy.accountant: pld cannot account privacy.mode=local (each client's own "
+            "Gaussian under replace-one adjacency); use accountant=rdp"
+        )
     sigma = cfg.noise_multiplier
     if sigma is None:
         if cfg.mode == "local":
@@ -102,7 +106,11 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
                 f"{sigma:.3g} (it needs more than {sigma / 2:.3g})"
             )
         sigma_update = rest**-0.5
-    return Plan(cfg, population, per_round, rounds, sigma, sigma_update, count_noise)
+    if cfg.mode == "local":
+        ledger = accounting.Ledger(cfg.model_copy(update={"sampling": "fixed"}), 1, 1, sigma)
+    else:
+        ledger = accounting.Ledger(cfg, population, per_round, sigma)
+    return Plan(cfg, population, per_round, rounds, sigma, sigma_update, count_noise, ledger)
 
 
 class Private(Algorithm):
