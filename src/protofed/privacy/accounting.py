@@ -64,6 +64,17 @@ def round_event(
     return dp_event.SampledWithoutReplacementDpEvent(population, per_round, gaussian)
 
 
+def accounted(
+    cfg: PrivacyConfig, population: int, per_round: int
+) -> tuple[PrivacyConfig, int, int]:
+    """What the accountant composes for `per_round` of `population` clients a round: in
+    `local` mode each client's own Gaussian mechanism in every round it takes part in, with
+    no credit for sampling (the server knows whom it drew): one of one, replace-one."""
+    if cfg.mode == "local":
+        return cfg.model_copy(update={"sampling": "fixed"}), 1, 1
+    return cfg, population, per_round
+
+
 def accountant(cfg: PrivacyConfig) -> dp_accounting.PrivacyAccountant:
     """A fresh accountant of the configured kind, with the sampling's neighbouring relation."""
     relation = (

@@ -67,12 +67,6 @@ class Plan:
     def epsilon(self, rounds: int) -> float:
         return self.ledger.epsilon(rounds)
 
-    @property
-    def local_cfg(self) -> PrivacyConfig:
-        """`local` mode is accounted as each client's own Gaussian mechanism in every round
-        it takes part in (no credit for sampling: the server knows whom it drew)."""
-        return self.cfg.model_copy(update={"sampling": "fixed"})
-
 
 def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Plan:
     """The privacy plan, or a one-line ConfigError naming the key that cannot be met."""
@@ -87,13 +81,10 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
             "privacy.accountant: pld cannot account privacy.mode=local (each client's own "
             "Gaussian under replace-one adjacency); use accountant=rdp"
         )
+    run = accounting.accounted(cfg, population, per_round)
     sigma = cfg.noise_multiplier
     if sigma is None:
-        if cfg.mode == "local":
-            local = cfg.model_copy(update={"sampling": "fixed"})
-            sigma = accounting.calibrate(local, 1, 1, rounds)
-        else:
-            sigma = accounting.calibrate(cfg, population, per_round, rounds)
+        sigma = accounting.calibrate(*run, rounds)
     count_noise = cfg.count_noise if cfg.count_noise is not None else per_round / 20
     sigma_update = sigma
     if cfg.adaptive and sigma > 0:
@@ -106,10 +97,7 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
                 f"{sigma:.3g} (it needs more than {sigma / 2:.3g})"
             )
         sigma_update = rest**-0.5
-    if cfg.mode == "local":
-        ledger = accounting.Ledger(cfg.model_copy(update={"sampling": "fixed"}), 1, 1, sigma)
-    else:
-        ledger = accounting.Ledger(cfg, population, per_round, sigma)
+    ledger = accounting.Ledger(*run, sigma)
     return Plan(cfg, population, per_round, rounds, sigma, sigma_update, count_noise, ledger)
 
 
