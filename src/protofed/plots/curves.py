@@ -290,7 +290,9 @@ def learning_curves(
                 ax.set_yscale("log")
                 _plain_log_axis(ax)
             _limit_to_means(ax, means, edges, log_scale)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(
+                MaxNLocator(nbins=5 if chosen.paper else "auto", integer=True)
+            )
             ax.set_xlabel("round")
             ax.set_ylabel(short if chosen.paper else label)
             if title != "" and not chosen.paper:
