@@ -173,6 +173,7 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
         "eval.every": 1,
         "data.dir": data_dir,
         "train.device": device,
+        "train.checkpoint_every": 1,  # every round's write timed (auto would skip some)
     }
     cfg = resolve_config(str(config), **settings)
     every = resolve_config(str(config)).eval.every  # the recipe's own, for rounds per hour
@@ -205,7 +206,7 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
         "guard_s": sum(guard_calls) / rounds,
         "guard_calls": len(guard_calls),
         "guard_share": sum(guard_calls) / rounds / sum(split.values()),
-        # train.checkpoint_every=1: each round's checkpoint (digest, torch.save, fsync)
+        # one checkpoint a round (digest, torch.save, fsync): what one write costs
         "checkpoint_s": sum(checkpoint_calls) / rounds,
         "checkpoint_share": sum(checkpoint_calls) / rounds / sum(split.values()),
         "round_s": sum(split.values()),

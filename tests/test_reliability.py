@@ -69,14 +69,16 @@ class Killed(Exception):
 
 
 def _killed_run(path: Path, after: int = 2, *extra: str) -> Path:
-    """A run stopped by an exception right after round `after` (its checkpoint written)."""
+    """A run stopped by an exception right after round `after` (its checkpoint written:
+    every round's, not where the time-based default would put it)."""
 
     def kill(r: int, info: dict, record: dict | None) -> None:
         if r == after:
             raise Killed
 
+    every_round = [*SMALL, "train.checkpoint_every=1", *extra]
     with pytest.raises(Killed):
-        start(load_config(None, [*SMALL, *extra]), path).run(on_round=kill)
+        start(load_config(None, every_round), path).run(on_round=kill)
     return path
 
 

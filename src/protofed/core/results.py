@@ -351,7 +351,11 @@ class CommSummary(JsonRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class TimeSummary(Seconds):
-    """Seconds over the whole run (all its sessions), by phase."""
+    """Seconds over the whole run (all its sessions), by phase; `checkpoint_s`, writing the
+    checkpoints, is left out where it is 0 (summaries written before it existed, engines
+    that write none)."""
+
+    omitted_when_empty: ClassVar[tuple[str, ...]] = ("checkpoint_s",)
 
     total_s: float
     train_s: float
@@ -359,6 +363,7 @@ class TimeSummary(Seconds):
     eval_s: float
     train_s_per_round: float
     client_updates_per_s: float
+    checkpoint_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

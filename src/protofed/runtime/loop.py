@@ -5,7 +5,8 @@ transport, which configures each client's message, obtains the replies (training
 worker processes, or over Flower) and yields them lazily; `aggregate` consumes them and
 returns the new server state and its own metrics; every `eval.every` rounds the evaluation
 mode scores the models; a record goes to `metrics.jsonl`; and, where the transport keeps the
-client states in this process, a checkpoint is written. The loop owns sampling, byte counts,
+client states in this process, a checkpoint is written as `train.checkpoint_every` says
+(`checkpoint_due`: by default, by time). The loop owns sampling, byte counts,
 timing, the history and the summary; the transport owns where clients run and their states.
 """
 
@@ -67,6 +68,31 @@ def nonfinite(records: Records) -> str | None:
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 return f"{record}/{name}"
     return None
+
+
+CHECKPOINT_SHARE = 0.02
+"""`train.checkpoint_every=auto`: the most of a run's time its checkpoints may take."""
+
+
+def checkpoint_due(
+    every: int | str, server_round: int, rounds: int, since_s: float, last_write_s: float | None
+) -> bool:
+    """Whether to write the checkpoint after `server_round` (of `rounds`).
+
+    `every` N: every N-th round. auto: once `since_s`, the time since the last checkpoint
+    (or since the session began), is at least (1 - s) / s = 49 times what the last one
+    took to write (`last_write_s`; None before the session's first, which is then written:
+    it measures the cost), so writing takes at most s = 2 % of the run; a kill loses at
+    most those 49 writes' worth of work plus the round in progress. The last round is
+    always written (a resume of a complete run finds it).
+    """
+    if server_round == rounds:
+        return True
+    if every != "auto":
+        return server_round % int(every) == 0
+    if last_write_s is None:
+        return True
+    return since_s >= last_write_s * (1 - CHECKPOINT_SHARE) / CHECKPOINT_SHARE
 
 
 OnRound = Callable[[int, RoundInfo, "RoundRecord | None"], None]
@@ -137,6 +163,8 @@ class RoundLoop:
         self.progress = Progress()
         self.history: list[RoundRecord] = []
         self._fingerprint: dict | None = None
+        # when the last checkpoint of this session was written, and what writing it took
+        self._last_checkpoint: tuple[float, float | None] = (time.perf_counter(), None)
 
     # state ------------------------------------------------------------------------------
     @property
@@ -305,8 +333,9 @@ class RoundLoop:
     def _rounds(self, on_round: OnRound | None) -> Summary:
         cfg = self.cfg
         t_start = time.perf_counter()
+        self._last_checkpoint = (t_start, None)
         p = self.progress
-        total_before = p.train_s + p.eval_s + p.aggregate_s
+        total_before = p.train_s + p.eval_s + p.aggregate_s + p.checkpoint_s
         for r in range(self.progress.server_round + 1, cfg.train.rounds + 1):
             try:
                 info = self.run_round(r)
@@ -322,15 +351,27 @@ class RoundLoop:
                         here = self.checkpoints  # client models built here, not fetched
                         models = self.transport.client_models(self.server, r) if here else None
                         keep(self.prepared, self.run_dir.path, self.server, r, models)
-            if (
-                self.run_dir is not None
-                and self.checkpoints
-                and (r % cfg.train.checkpoint_every == 0 or r == cfg.train.rounds)
-            ):
-                self.run_dir.save_checkpoint(self.checkpoint())
+            self.maybe_checkpoint(r)
             if on_round is not None:
                 on_round(r, info, record)
         return self.finish(total_before + time.perf_counter() - t_start)
+
+    def maybe_checkpoint(self, server_round: int) -> None:
+        """Write the checkpoint after `server_round` where `train.checkpoint_every` says so
+        (`checkpoint_due`); its time goes to `Progress.checkpoint_s`."""
+        if self.run_dir is None or not self.checkpoints:
+            return
+        now = time.perf_counter()
+        train = self.cfg.train
+        since = now - self._last_checkpoint[0]
+        if not checkpoint_due(
+            train.checkpoint_every, server_round, train.rounds, since, self._last_checkpoint[1]
+        ):
+            return
+        self.run_dir.save_checkpoint(self.checkpoint())
+        done = time.perf_counter()
+        self.progress.checkpoint_s += done - now
+        self._last_checkpoint = (done, done - now)
 
     def finish(self, total_s: float, diverged: str | None = None) -> Summary:
         """The summary, written to the run directory (if any)."""

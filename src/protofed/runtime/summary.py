@@ -31,6 +31,7 @@ class Progress:
     train_s: float = 0.0
     eval_s: float = 0.0
     aggregate_s: float = 0.0
+    checkpoint_s: float = 0.0  # writing checkpoints (before the one that holds these)
     client_updates: int = 0
     dropped_nonfinite: int = 0  # replies dropped for NaN/inf (train.on_nonfinite=drop)
 
@@ -102,6 +103,7 @@ def build_summary(
             eval_s=p.eval_s,
             train_s_per_round=p.train_s / per_round,
             client_updates_per_s=p.client_updates / max(p.train_s, 1e-9),
+            checkpoint_s=p.checkpoint_s,
         ),
         warnings=warnings,
         dropped_nonfinite=p.dropped_nonfinite,
