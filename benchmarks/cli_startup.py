@@ -1,15 +1,24 @@
 """How long the CLI takes to start: `protofed --help` and `protofed list`, and what they import.
 
-`protofed list` keeps its lines in the user cache folder (keyed by the installation): it is
-timed with that listing kept (every later run) and without (the first run after an install
-or an edit; each run is given an empty XDG_CACHE_HOME). Each command runs as a subprocess
-(`python -m protofed ...`, so PYTHONPATH picks the source: `PYTHONPATH=/other/src python
-benchmarks/cli_startup.py` times another checkout with this interpreter), `--repeat` times
-(default 5); the best wall-clock time is reported (the others wait on a busy machine, not on
-protofed). Then `python -X importtime` of each command's imports lists the slowest top-level
-packages (cumulative seconds, what a package imports included: `protofed` contains whatever
-protofed's modules import), and which of the heavy ones (scikit-learn, scipy, pandas,
-matplotlib, flwr, torch) are imported at all.
+`protofed list` reads its built-in lines from `protofed/cli/catalog.json` (package data);
+only with plugins installed does it import every registry (and torch), keeping the lines in
+the user cache folder. Timed:
+
+- `protofed --help`, and `protofed list` with the user cache as it is;
+- `protofed list, first time`: the first run after an install. Each run is given an empty
+  user cache folder (XDG_CACHE_HOME, a new temporary folder), after one untimed run that
+  leaves `__pycache__` in place as pip's install does (it compiles the bytecode);
+- `plugins installed, first time`: what a first `protofed list` costs where plugins are
+  installed: every registry imported and listed (`catalog._build_catalog()`), empty cache.
+
+Each command runs as a subprocess (`python -m protofed ...`, so PYTHONPATH picks the source:
+`PYTHONPATH=/other/src python benchmarks/cli_startup.py` times another checkout with this
+interpreter), `--repeat` times (default 5); the best wall-clock time is reported (the others
+wait on a busy machine, not on protofed). Then `python -X importtime` of each command's
+imports (in the same kind of cache folder) lists the slowest top-level packages (cumulative
+seconds, what a package imports included: `protofed` contains whatever protofed's modules
+import), and which of the heavy ones (scikit-learn, scipy, pandas, matplotlib, flwr, torch)
+are imported at all.
 
 Usage: python benchmarks/cli_startup.py [--repeat 5] [--top 8]
 Prints seconds per command and the top imports; not a test (timings vary by machine).
@@ -24,50 +33,56 @@ import sys
 import tempfile
 import time
 
+BUILD = "from protofed.cli import catalog; catalog._build_catalog()"
+# label: (the interpreter's arguments, each run with an empty user cache folder)
 COMMANDS = {
-    "protofed --help": ["--help"],
-    "protofed list": ["list"],
-    "protofed list, first time": ["list"],  # no listing cached: every registry imported
+    "protofed --help": (["-m", "protofed", "--help"], False),
+    "protofed list": (["-m", "protofed", "list"], False),
+    "protofed list, first time": (["-m", "protofed", "list"], True),
+    "plugins installed, first time": (["-c", BUILD], True),
 }
 IMPORTS = {  # what each command imports, for -X importtime (its output is not needed)
     "protofed --help": "import protofed.cli",
     "protofed list": "from protofed.cli import catalog; catalog.list_()",
-    "protofed list, first time": "from protofed.cli import catalog; catalog._build_catalog()",
+    "protofed list, first time": "from protofed.cli import catalog; catalog.list_()",
+    "plugins installed, first time": BUILD,
 }
 HEAVY = ("sklearn", "scipy", "pandas", "matplotlib", "flwr", "torch")
 ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "COLUMNS": "100"}
 
 
-def best_of(args: list[str], repeat: int, cold: bool = False) -> float:
-    """The fastest of `repeat` runs of `python -m protofed ARGS`, in seconds (`cold`: each
-    with an empty cache folder, so `protofed list` finds no listing kept)."""
-    times = []
-    for _ in range(repeat):
-        env = {**ENV, "XDG_CACHE_HOME": tempfile.mkdtemp()} if cold else ENV
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "protofed", *args],
+def run_once(args: list[str], cold: bool, stderr: int = subprocess.DEVNULL) -> str:
+    """`python ARGS` once (`cold`: with an empty user cache folder); its stderr if piped."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**ENV, "XDG_CACHE_HOME": cache} if cold else ENV
+        done = subprocess.run(
+            [sys.executable, *args],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
             check=True,
         )
+    return done.stderr or ""
+
+
+def best_of(args: list[str], repeat: int, cold: bool = False) -> float:
+    """The fastest of `repeat` runs of `python ARGS`, in seconds, after one untimed run (the
+    bytecode compiled, as after an install; `cold`: each with an empty cache folder)."""
+    run_once(args, cold)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run_once(args, cold)
         times.append(time.perf_counter() - start)
     return min(times)
 
 
-def top_imports(code: str, top: int) -> list[tuple[str, float]]:
+def top_imports(code: str, cold: bool) -> list[tuple[str, float]]:
     """The top-level packages `code` imports, slowest first: (name, cumulative seconds)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
+    stderr = run_once(["-X", "importtime", "-c", code], cold, stderr=subprocess.PIPE)
     roots: dict[str, float] = {}
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         if not line.startswith("import time:") or line.count("|") != 2:
             continue
         _, cumulative, name = line.split("|")
@@ -75,7 +90,7 @@ def top_imports(code: str, top: int) -> list[tuple[str, float]]:
             continue  # the header
         package = name.strip().split(".")[0]  # its outermost import has the largest total
         roots[package] = max(roots.get(package, 0.0), int(cumulative) / 1e6)
-    return sorted(roots.items(), key=lambda kv: -kv[1])[:top]
+    return sorted(roots.items(), key=lambda kv: -kv[1])
 
 
 def main() -> None:
@@ -83,13 +98,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args()
-    for label, argv in COMMANDS.items():
-        seconds = best_of(argv, args.repeat, cold="first time" in label)
-        imports = top_imports(IMPORTS[label], args.top)
-        heavy = sorted({name for name, _ in top_imports(IMPORTS[label], 10_000)} & set(HEAVY))
+    for label, (argv, cold) in COMMANDS.items():
+        seconds = best_of(argv, args.repeat, cold)
+        imports = top_imports(IMPORTS[label], cold)
+        heavy = sorted({name for name, _ in imports} & set(HEAVY))
         print(f"{label}: {seconds:.2f} s (best of {args.repeat})")
         print(f"  heavy packages imported: {', '.join(heavy) or 'none'}")
-        for name, s in imports:
+        for name, s in imports[: args.top]:
             print(f"  {s:6.3f} s  {name}")
 
 

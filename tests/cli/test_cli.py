@@ -313,30 +313,6 @@ def test_the_cli_starts_without_the_heavy_packages():
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
 
 
-def test_list_prints_the_same_lines_from_its_cache(tmp_path):
-    """The first `protofed list` imports the registries and keeps its lines; the next one
-    prints the same from the cache without importing torch; a listing kept under another
-    key (another installation, an edit) is listed afresh."""
-    env = {**dict(__import__("os").environ), "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "120"}
-    cmd = [sys.executable, "-m", "protofed", "list"]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    assert (tmp_path / "protofed" / "cli" / "list.json").is_file()
-    probe = (
-        "import sys, io, contextlib; from protofed.cli import catalog\n"
-        "with contextlib.redirect_stdout(io.StringIO()): catalog.list_()\n"
-        "print('torch' in sys.modules)"
-    )
-    cached = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    assert cached.stdout.strip() == "False", cached.stderr
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    assert second.stdout == first.stdout and "fedavg" in first.stdout
-    kept = tmp_path / "protofed" / "cli" / "list.json"
-    key = json.loads(kept.read_text())["key"]
-    kept.write_text(json.dumps({"key": "another installation", "sections": [["x", {}]]}))
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    assert again.stdout == first.stdout and json.loads(kept.read_text())["key"] == key
-
-
 def test_fedavgs_generalization_shows_no_spread(tmp_path):
     """Every FedAvg client holds the same model: its generalization score has no spread
     across clients, so the summary says "(one model)" instead of "± 0.00"."""
