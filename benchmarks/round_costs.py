@@ -5,16 +5,18 @@ For fedavg, ditto, fedproto and fedala (configs/uci_har_natural.yaml: cnn1d, SGD
 here 1 local epoch) on UCI-HAR natural clients (30), every client every round, FedAvg on
 PFLlib's HAR work (`fedavg_harcnn`: HARCNN, as benchmarks/pfllib_side_by_side.py), and FedDPA on
 100 CIFAR-10 clients (configs/feddpa_cifar10_dirichlet0.3.yaml, 10 % a round), evaluation
-every round: seconds per round split into training, aggregation and evaluation (medians over
-the rounds after the first, which pays for the worker pool's start), rounds per hour with the
-recipe's own `eval.every`, and the ratio of the training time to the model's FLOP floor on
-this machine.
+every round: seconds per round split as metrics.jsonl splits them (medians over the rounds
+after the first, which pays for the worker pool's start), rounds per hour with the recipe's
+own `eval.every`, and the ratio of the training time to the model's FLOP floor on this
+machine.
 
-The guard: the non-finite check of every reply and of the aggregated state
-(`protofed.runtime.loop.nonfinite`, in the main process, counted in aggregation) is timed by
-wrapping it here; `guard_s` is its time per round (the run's total / rounds) and `guard_share`
-its part of a round. The checkpoint (`RunDir.save_checkpoint`: digest, save, fsync; outside
-the round's split, written after it) likewise: `checkpoint_s`, `checkpoint_share`.
+The split (`RoundTime`, in the process that runs the loop): `train_s`, waiting for and
+receiving the clients' replies; `guard_s`, the non-finite checks of every reply and of the
+aggregated state (`guard_share`: its part of a round); `aggregate_s`, the algorithm's own
+aggregation; `eval_s`. With workers, the clients train while this process checks and
+aggregates. The checkpoint (`RunDir.save_checkpoint`: digest, save, fsync; outside the
+round's split, written after it; one every round here) is timed by wrapping it:
+`checkpoint_s` (per round), `checkpoint_share`.
 
 The floor is FLOPs / peak. FLOPs per round = the forward-and-backward FLOPs of one training
 sample (counted by torch's FlopCounterMode on a batch of the run's size) x the samples a
@@ -50,7 +52,7 @@ import protofed
 from protofed.api import resolve_config
 from protofed.nn import linear
 from protofed.runs import RunDir
-from protofed.runtime import loop, prepare
+from protofed.runtime import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 UCI = ROOT / "configs" / "uci_har_natural.yaml"
@@ -181,15 +183,14 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
     samples *= cfg.train.client_fraction  # the clients a round samples, in expectation
     with (
         tempfile.TemporaryDirectory() as out,
-        timed(loop, "nonfinite") as guard_calls,
         timed(RunDir, "save_checkpoint") as checkpoint_calls,
     ):
         run = protofed.run(cfg, out=Path(out) / name, overwrite=True)
         records = list(run.dir.history())
     later = records[1:] or records  # round 1 also starts the worker pool
     split = {
-        key: statistics.median(r["time"][key] for r in later)
-        for key in ("train_s", "aggregate_s", "eval_s")
+        key: statistics.median(r["time"].get(key, 0.0) for r in later)
+        for key in ("train_s", "guard_s", "aggregate_s", "eval_s")
     }
     round_flops = per_sample * samples * passes if passes else float("nan")
     # a GPU run trains in one process (train.workers is ignored there)
@@ -203,15 +204,13 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
         "rounds": rounds,
         **split,
         "eval_share": split["eval_s"] / sum(split.values()),
-        "guard_s": sum(guard_calls) / rounds,
-        "guard_calls": len(guard_calls),
-        "guard_share": sum(guard_calls) / rounds / sum(split.values()),
+        "guard_share": split["guard_s"] / sum(split.values()),
         # one checkpoint a round (digest, torch.save, fsync): what one write costs
         "checkpoint_s": sum(checkpoint_calls) / rounds,
         "checkpoint_share": sum(checkpoint_calls) / rounds / sum(split.values()),
         "round_s": sum(split.values()),
         "rounds_per_hour": 3600
-        / (split["train_s"] + split["aggregate_s"] + split["eval_s"] / every),
+        / (split["train_s"] + split["guard_s"] + split["aggregate_s"] + split["eval_s"] / every),
         "eval_every": every,
         "gflop_per_round": round_flops / 1e9,
         "peak_gflops": peak / 1e9,
@@ -222,18 +221,18 @@ def measure(name: str, rounds: int, data_dir: str, workers: int, device: str = "
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| recipe | model | train s | aggregate s | eval s | round s | rounds/h | GFLOP/round"
-        " | x floor | eval share | guard ms | guard share | checkpoint s |",
+        "| recipe | model | train s | guard ms | aggregate s | eval s | round s | rounds/h"
+        " | GFLOP/round | x floor | eval share | guard share | checkpoint s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['algorithm']} | {r['model']} | {r['train_s']:.2f} | {r['aggregate_s']:.2f} | "
+            f"| {r['algorithm']} | {r['model']} | {r['train_s']:.2f} | "
+            f"{1e3 * r['guard_s']:.1f} | {r['aggregate_s']:.2f} | "
             f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {r['rounds_per_hour']:.0f} | "
             f"{r['gflop_per_round']:.1f} | "
             f"{r['train_over_floor']:.1f} | {100 * r['eval_share']:.0f} % | "
-            f"{1e3 * r['guard_s']:.1f} | {100 * r['guard_share']:.1f} % | "
-            f"{r['checkpoint_s']:.2f} |"
+            f"{100 * r['guard_share']:.1f} % | {r['checkpoint_s']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -44,7 +44,7 @@ DIGITS = [
     "aggregation.max_update_norm=1000",
     "train.threads=1",  # 2 cores shared with other tests: no oversubscribed threads
 ]
-EVERY_ROUND = {"train/loss", "time/train_s", "time/aggregate_s", "time/round_s"}
+EVERY_ROUND = {"train/loss", "time/train_s", "time/guard_s", "time/aggregate_s", "time/round_s"}
 SCORES = {"acc", "acc_std", "f1", "f1_std"}
 EVALUATED = (
     {f"{p}/{k}" for p in ("personalization", "generalization", "validation") for k in SCORES}

@@ -173,8 +173,8 @@ def scalars(
 ) -> dict[str, float]:
     """The round's scalars by TensorBoard tag.
 
-    Every round: `train/loss`, `server/<metric>`, `time/train_s`, `time/aggregate_s` and
-    `time/round_s` (wall clock since the previous round). An evaluated round adds every score
+    Every round: `train/loss`, `server/<metric>`, `time/train_s`, `time/guard_s`,
+    `time/aggregate_s` and `time/round_s` (wall clock since the previous round). An evaluated round adds every score
     of its metrics.jsonl line (`personalization/f1`, `generalization/acc`, `global/f1`,
     `validation/f1_std`, ...), `comm/up_bytes` and `comm/down_bytes` (totals so far) and
     `time/eval_s`. Missing or non-finite values are left out.
@@ -182,6 +182,7 @@ def scalars(
     values: dict[str, Any] = {
         "train/loss": info.train_loss,
         "time/train_s": info.train_s,
+        "time/guard_s": info.guard_s,
         "time/aggregate_s": info.aggregate_s,
         "time/round_s": round_s,
     }

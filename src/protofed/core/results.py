@@ -200,16 +200,24 @@ class RoundInfo:
     clients: list[int]  # the round's sampled clients
     train_loss: float | None  # the replies' loss, weighted by their examples
     train_s: float
+    guard_s: float = 0.0
     aggregate_s: float
     server: Metrics  # the server's own metrics from `aggregate`
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoundTime(Seconds):
-    """Seconds one round took, by phase: the clients' training (with the wait for their
-    replies), the server's aggregation, and the evaluation."""
+    """Seconds one round took in the process that runs the loop, by phase: `train_s`, the
+    clients' training as waiting for and receiving their replies (workers train meanwhile,
+    also while this process checks and aggregates); `guard_s`, the non-finite checks of the
+    replies and the aggregate; `aggregate_s`, the algorithm's aggregation; `eval_s`, the
+    evaluation. Files written before `guard_s` existed lack it (read as 0, written back
+    without it) and count the guard in `aggregate_s`."""
+
+    omitted_when_empty: ClassVar[tuple[str, ...]] = ("guard_s",)
 
     train_s: float
+    guard_s: float = 0.0
     aggregate_s: float
     eval_s: float
 
@@ -265,7 +273,10 @@ class RoundRecord(JsonRecord):
             samples=scores.samples,
             server=dict(info.server),
             time=RoundTime(
-                train_s=info.train_s, aggregate_s=info.aggregate_s, eval_s=scores.eval_s
+                train_s=info.train_s,
+                guard_s=info.guard_s,
+                aggregate_s=info.aggregate_s,
+                eval_s=scores.eval_s,
             ),
             comm=comm,
             clients=scores.clients,
@@ -351,14 +362,15 @@ class CommSummary(JsonRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class TimeSummary(Seconds):
-    """Seconds over the whole run (all its sessions), by phase; `checkpoint_s`, writing the
-    checkpoints, is left out where it is 0 (summaries written before it existed, engines
-    that write none)."""
+    """Seconds over the whole run (all its sessions), by phase (as `RoundTime`), and
+    `checkpoint_s`, writing the checkpoints; `guard_s` and `checkpoint_s` are left out where
+    they are 0 (summaries written before they existed, engines that write no checkpoint)."""
 
-    omitted_when_empty: ClassVar[tuple[str, ...]] = ("checkpoint_s",)
+    omitted_when_empty: ClassVar[tuple[str, ...]] = ("guard_s", "checkpoint_s")
 
     total_s: float
     train_s: float
+    guard_s: float = 0.0
     aggregate_s: float
     eval_s: float
     train_s_per_round: float

@@ -231,34 +231,45 @@ class RoundLoop:
             picked = sample_clients(seed, server_round, population, self.per_round())
         return [self.population[i] for i in picked]
 
+    def accepts(self, reply: Reply, server_round: int) -> bool:
+        """The guard: whether `reply`'s records and metrics are finite. A reply that is not
+        stops the run (`Diverged`), or is left out and counted (`train.on_nonfinite=drop`)."""
+        bad = nonfinite(reply.records)
+        if bad is None and not all(map(math.isfinite, reply.metrics.values())):
+            bad = "its metrics"
+        if bad is None:
+            return True
+        what = f"round {server_round}: client {reply.client}'s reply has NaN or inf in {bad}"
+        if self.cfg.train.on_nonfinite != "drop":
+            raise Diverged(f"{what} (train.on_nonfinite=drop leaves such replies out)")
+        log.warning("%s: left out of the round", what)
+        self.progress.dropped_nonfinite += 1
+        if self.transport.trained is not None:  # nor scored with that model
+            self.transport.trained.pop(reply.client, None)
+        return False
+
     def run_round(self, server_round: int) -> RoundInfo:
+        """One round. Its time in this process, split: waiting for and receiving the replies
+        (`train_s`; with workers they train meanwhile, also while this process aggregates),
+        the guard's checks (`guard_s`) and the rest, the algorithm's `aggregate`
+        (`aggregate_s`); the replies are a lazy stream that `aggregate` consumes."""
         clients = self.sample(server_round)
-        timer = {"train": 0.0}
+        timer = {"train": 0.0, "guard": 0.0}
         losses: list[tuple[float, float]] = []
 
-        drop = self.cfg.train.on_nonfinite == "drop"
-
         def replies() -> Iterator[Reply]:
-            """The replies as the aggregation consumes them; the time to get each is training."""
-            t0 = time.perf_counter()
             accepted = 0
+            t0 = time.perf_counter()
             for reply, down, up in self.transport.fit(self.server, server_round, clients):
+                received = time.perf_counter()
+                timer["train"] += received - t0
                 self.progress.down_bytes += down
                 self.progress.up_bytes += up
                 self.progress.client_updates += 1
-                timer["train"] += time.perf_counter() - t0
-                bad = nonfinite(reply.records)
-                if bad is None and not all(map(math.isfinite, reply.metrics.values())):
-                    bad = "its metrics"
-                if bad is not None:
-                    what = f"round {server_round}: client {reply.client}'s reply has NaN or inf in {bad}"
-                    if not drop:
-                        raise Diverged(f"{what} (train.on_nonfinite=drop leaves such replies out)")
-                    log.warning("%s: left out of the round", what)
-                    self.progress.dropped_nonfinite += 1
-                    if self.transport.trained is not None:  # nor scored with that model
-                        self.transport.trained.pop(reply.client, None)
-                    t0 = time.perf_counter()
+                finite = self.accepts(reply, server_round)
+                t0 = time.perf_counter()
+                timer["guard"] += t0 - received
+                if not finite:
                     continue
                 accepted += 1
                 if "loss" in reply.metrics:
@@ -274,22 +285,27 @@ class RoundLoop:
         check_result(result, "aggregate", type(self.algorithm).__name__)
         for _ in stream:  # every sampled client trains, even if aggregate stopped reading
             pass
+        aggregated = time.perf_counter()
         bad = nonfinite(result.server)
         if bad is not None:
             raise Diverged(
                 f"round {server_round}: the aggregated server state has NaN or inf in {bad}"
             )
         self.server = result.server
-        elapsed = time.perf_counter() - t0
+        end = time.perf_counter()
+        guard_s = timer["guard"] + end - aggregated
+        aggregate_s = end - t0 - timer["train"] - guard_s
         self.progress.train_s += timer["train"]
-        self.progress.aggregate_s += elapsed - timer["train"]
+        self.progress.guard_s += guard_s
+        self.progress.aggregate_s += aggregate_s
         self.progress.server_round = server_round
         weight = sum(w for _, w in losses)
         return RoundInfo(
             clients=clients,
             train_loss=sum(v * w for v, w in losses) / weight if weight else None,
             train_s=timer["train"],
-            aggregate_s=elapsed - timer["train"],
+            guard_s=guard_s,
+            aggregate_s=aggregate_s,
             server=dict(result.metrics),
         )
 
@@ -335,7 +351,7 @@ class RoundLoop:
         t_start = time.perf_counter()
         self._last_checkpoint = (t_start, None)
         p = self.progress
-        total_before = p.train_s + p.eval_s + p.aggregate_s + p.checkpoint_s
+        total_before = p.train_s + p.guard_s + p.aggregate_s + p.eval_s + p.checkpoint_s
         for r in range(self.progress.server_round + 1, cfg.train.rounds + 1):
             try:
                 info = self.run_round(r)

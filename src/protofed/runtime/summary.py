@@ -31,6 +31,7 @@ class Progress:
     train_s: float = 0.0
     eval_s: float = 0.0
     aggregate_s: float = 0.0
+    guard_s: float = 0.0  # the non-finite checks (before they had their own: in aggregate_s)
     checkpoint_s: float = 0.0  # writing checkpoints (before the one that holds these)
     client_updates: int = 0
     dropped_nonfinite: int = 0  # replies dropped for NaN/inf (train.on_nonfinite=drop)
@@ -99,6 +100,7 @@ def build_summary(
         time=TimeSummary(
             total_s=total_s,
             train_s=p.train_s,
+            guard_s=p.guard_s,
             aggregate_s=p.aggregate_s,
             eval_s=p.eval_s,
             train_s_per_round=p.train_s / per_round,
