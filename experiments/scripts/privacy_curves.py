@@ -18,21 +18,31 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from protofed.plots import new_grid, save_figure, style_context
 from protofed.report import collect
 
-NAMES = {"fedavg": "FedAvg", "fedproto": "FedProto", "pfpl": "PFPL", "fedala": "FedALA"}
+NAMES = {
+    "fedavg": "FedAvg",
+    "fedproto": "FedProto",
+    "fedproto:head": "FedProto, own head",
+    "pfpl": "PFPL",
+    "fedala": "FedALA",
+}
 EPSILONS = [1.0, 2.0, 4.0, 8.0, math.inf]
 
 
 def point(run: Path) -> tuple[str, float, int]:
-    """(method, epsilon it was run at, seed) from a run's config.yaml via its summary."""
-    summary = json.loads((run / "summary.json").read_text())
-    config = (run / "config.yaml").read_text()
-    private = "enabled: true" in config.split("privacy:", 1)[1]
-    target = float(config.split("target_epsilon:", 1)[1].split()[0]) if private else math.inf
-    return summary["algorithm"], target, int(summary["seed"])
+    """(method, epsilon it was run at, seed) from a run's config.yaml; FedProto scored with
+    its clients' own heads is a method of its own ("fedproto:head")."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    method = config["algorithm"]["name"]
+    if config["algorithm"].get("inference") == "head":
+        method += ":head"
+    privacy = config["privacy"]
+    target = float(privacy["target_epsilon"]) if privacy["enabled"] else math.inf
+    return method, target, int(config["seed"])
 
 
 def table(folder: Path) -> dict[tuple[str, float], dict]:
