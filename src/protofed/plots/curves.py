@@ -179,9 +179,10 @@ def _plain(value: float, _pos: int | None = None) -> str:
     return f"{value:.3g}"
 
 
-def _plain_log_axis(ax: Axes) -> None:
+def _plain_log_axis(ax: Axes, paper: bool = False) -> None:
     """A log y axis whose tick labels are plain numbers, major and (where matplotlib labels
-    them: a range under a decade or so) minor."""
+    them: a range under two decades, on paper under 1.2, where minor labels would collide)
+    minor."""
     from matplotlib.ticker import FuncFormatter, LogFormatter
 
     class PlainLog(LogFormatter):
@@ -189,7 +190,8 @@ def _plain_log_axis(ax: Axes) -> None:
             return _plain(x)
 
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
-    ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    thresholds = (1.2, 0.5) if paper else (2.0, 0.5)
+    ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False, minor_thresholds=thresholds))
 
 
 def _limit_to_means(ax: Axes, means: list[np.ndarray], bands: list[np.ndarray], log: bool) -> None:
@@ -288,7 +290,7 @@ def learning_curves(
                 ax.axvline(rnd, color="grey", ls=":", lw=0.9, label="_" if k else "returns")
             if log_scale:
                 ax.set_yscale("log")
-                _plain_log_axis(ax)
+                _plain_log_axis(ax, chosen.paper)
             _limit_to_means(ax, means, edges, log_scale)
             ax.xaxis.set_major_locator(
                 MaxNLocator(nbins=5 if chosen.paper else "auto", integer=True)
@@ -303,7 +305,7 @@ def learning_curves(
         shown = list(names)
         if arrivals:
             handles.append(flat[0].lines[-1])
-            shown.append("a class returns (data.dynamic)")
+            shown.append("a class returns")
         legend_below(fig, handles, shown)
         set_title(fig, title, f"Learning curves: mean over seeds, {BAND_SHORT[band]}")
     return fig
