@@ -239,8 +239,14 @@ def test_a_whole_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra):
     """4 of 6 clients a round (sampled), unequal sizes: the server's model, every client's
     kept state and trained model, the bytes and the scores are today's."""
     settings = (f"algorithm.name={algorithm}", *extra)
-    ref = _loop(*settings, "train.stacked='false'")
-    got = _loop(*settings, "train.stacked='true'")
+    _assert_same_run(
+        _loop(*settings, "train.stacked='false'"), _loop(*settings, "train.stacked='true'")
+    )
+
+
+def _assert_same_run(ref, got) -> None:
+    """The stacked run `got` is the one-client-at-a-time run `ref`: the server's records,
+    every client's kept state and trained model, the bytes and the scores."""
     assert not ref.transport.stacked and got.transport.stacked
     ref_summary, got_summary = ref.run(), got.run()
     close = ADAM if ref.prepared.cfg.train.optimizer != "sgd" else TIGHT
@@ -267,6 +273,51 @@ def test_a_whole_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra):
         assert len(ref_scores) > 5 and _scores(b.to_json()) == pytest.approx(ref_scores, abs=1e-3)
     final = _scores(ref_summary.to_json()["final"])
     assert _scores(got_summary.to_json()["final"]) == pytest.approx(final, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def har_natural(shared_data, tmp_path_factory) -> list[str]:
+    """Settings of a small UCI-HAR federation: 4 subjects as natural clients, 3 a round (so
+    round 2 mixes clients that trained in round 1 with one that did not), 2 rounds."""
+    path = uci_har_slice(tmp_path_factory.mktemp("har") / "har4.npz", [1, 3, 5, 6], every=6)
+    return [
+        "data.name=arrays",
+        f"data.path={path}",
+        "data.partition=natural",
+        "model.name=mlp",
+        "model.hidden=[32]",
+        "train.rounds=2",
+        "train.batch_size=16",
+        "train.lr=0.05",
+        "train.momentum=0.9",
+        "train.workers=1",
+        "train.clients_per_round=3",
+        "eval.every=1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("fedproto", ()),
+        # the squared distance is D times the MSE: lam 1 diverges here, as an MSE's would not
+        (
+            "pfpl",
+            (
+                "algorithm.align=class_mean",
+                "algorithm.reg_reduction=squared_l2",
+                "algorithm.lam=0.01",
+            ),
+        ),
+    ],
+)
+def test_a_whole_har_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra, har_natural):
+    """Algorithms whose term reads the batch (the prototypes sent, the embeddings): on real
+    UCI-HAR clients the stacked run is today's, prototypes sent and kept included."""
+    settings = (*har_natural, f"algorithm.name={algorithm}", *extra)
+    ref = simulate(prepare(load_config(None, [*settings, "train.stacked='false'"])))
+    got = simulate(prepare(load_config(None, [*settings, "train.stacked='true'"])))
+    _assert_same_run(ref, got)
 
 
 def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):

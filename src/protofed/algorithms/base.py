@@ -90,7 +90,7 @@ class Algorithm(ABC):
     has_global_model: ClassVar[bool] = True
     pools_data: ClassVar[bool] = False  # True: the runtime trains one client on all data
     # True: its clients can train stacked (`train.stacked`, training/stacked.py), through its
-    # `stacked_task`, `stacked_term` and `stacked_result`; else `stack_reason` says why not
+    # `stacked_fit`; else `stack_reason` says why not
     stackable: ClassVar[bool] = False
     stack_reason: ClassVar[str] = "its client step is not written for stacked training yet"
 

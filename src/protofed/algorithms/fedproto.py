@@ -9,7 +9,13 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import (
+    Reduction,
+    Target,
+    prototype_inputs,
+    prototype_regularized_loss,
+    prototype_term,
+)
 from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
     PROTOS,
@@ -21,6 +27,7 @@ from protofed.prototypes import (
 )
 from protofed.training.client import Client
 from protofed.training.loop import LossFn
+from protofed.training.stacked import StackedTask, Trainer
 
 
 class FedProto(Algorithm):
@@ -31,6 +38,7 @@ class FedProto(Algorithm):
     )
     has_global_model = False
     reply_counts: ClassVar[bool] = True  # class counts go up: eq. 6 weights the mean by them
+    stackable = True
 
     class Params(Hyperparams):
         lam: float = Field(
@@ -63,23 +71,58 @@ class FedProto(Algorithm):
         """The client's personal model: its state, or the initial weights before round 1."""
         return state[MODEL] if state else self.setting.init_model
 
+    def regularizer(self) -> tuple[float, Target, Reduction]:
+        """The prototype term's weight lam, target and reduction (eq. 8: each embedding's mean
+        squared distance to its class's prototype): one source for the per-client loss and
+        the stacked term, which PFPL's overrides."""
+        return self.params.lam, "sample", "mean"
+
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
         """The client's training loss given the prototypes it received (eq. 8: CE + lam * dist)."""
-        return prototype_regularized_loss(prototypes, present, self.params.lam)
+        lam, target, reduction = self.regularizer()
+        return prototype_regularized_loss(prototypes, present, lam, target, reduction)
 
-    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
-        num_classes = self.setting.num_classes
-        client.load(self.own_model(state))
-        protos, counts = unpack_prototypes(message.get(PROTOS), num_classes)
-        device = client.data.train_x.device
-        metrics = client.train_model(
-            loss_fn=self.local_loss(protos.to(device), (counts > 0).to(device))
-        )
+    def received(self, message: Records) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prototypes a client was sent, dense (C, D), and the mask of the classes sent."""
+        protos, counts = unpack_prototypes(message.get(PROTOS), self.setting.num_classes)
+        return protos, counts > 0
+
+    def local_prototypes(self, client: Client) -> Records:
+        """The reply: the class means of the workspace model's embeddings of the client's data."""
         means, class_counts = embedding_means(
-            client.model, client.data.train_x, client.data.train_y, num_classes
+            client.model, client.data.train_x, client.data.train_y, self.setting.num_classes
         )
         reply = pack_prototypes(means.cpu(), class_counts.cpu(), with_counts=self.reply_counts)
-        return FitResult({PROTOS: reply}, metrics, {MODEL: client.weights()})
+        return {PROTOS: reply}
+
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        client.load(self.own_model(state))
+        protos, present = self.received(message)
+        device = client.data.train_x.device
+        metrics = client.train_model(loss_fn=self.local_loss(protos.to(device), present.to(device)))
+        return FitResult(self.local_prototypes(client), metrics, {MODEL: client.weights()})
+
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` stacked: each client's own model, the prototype term with the prototypes it
+        was sent (none before the first aggregation: cross-entropy alone), then its prototypes
+        from its trained model, as `fit` computes them."""
+        lam, target, reduction = self.regularizer()
+        received = [self.received(m) for m in messages]
+        term = None
+        if lam != 0 and any(bool(present.any()) for _, present in received):
+            term = prototype_term(target, reduction)
+        dim = max(protos.shape[1] for protos, _ in received)
+        tasks = [
+            StackedTask(self.own_model(s), prototype_inputs(*sent, lam, dim) if term else {})
+            for s, sent in zip(states, received, strict=True)
+        ]
+        results = []
+        for client, (weights, metrics) in zip(clients, train(tasks, term), strict=True):
+            client.load(weights)
+            results.append(FitResult(self.local_prototypes(client), metrics, {MODEL: weights}))
+        return results
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

@@ -9,10 +9,9 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import AggregateResult, Hyperparams, Records, Reply
-from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import Reduction, Target
 from protofed.algorithms.fedproto import FedProto
 from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
-from protofed.training.loop import LossFn
 
 Weighting = Literal["inverse", "softmax", "literal"]
 BANK = "bank"  # the server's record: every client's latest local prototypes, (M, C, D) and (M, C)
@@ -143,11 +142,11 @@ class PFPL(FedProto):
             if bool((bank["counts"][i] > 0).any())
         }
 
-    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
-        """Cross-entropy plus lam times the consistency loss (eq. 5) to the client's own
-        personalized prototypes."""
+    def regularizer(self) -> tuple[float, Target, Reduction]:
+        """lam times the consistency loss (eq. 5) to the client's own personalized prototypes,
+        per sample or between the batch's class means and them."""
         p = self.pfpl_params
-        return prototype_regularized_loss(prototypes, present, p.lam, p.align, p.reg_reduction)
+        return p.lam, p.align, p.reg_reduction
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

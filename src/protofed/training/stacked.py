@@ -23,8 +23,10 @@ rounding (tests/training/test_stacked.py):
 It applies to a model whose training forward pass is a pure function of its parameters: no
 buffers (BatchNorm statistics would be updated in place) and no dropout (its masks would be
 drawn for all clients at once, so not the per-client path's). The loss is cross-entropy plus
-an optional per-client `Term` of the client's weights and its own tensors (FedProx's
-proximal term and its anchor). An algorithm writes its round stacked as `stacked_fit`
+an optional per-client `Term` of the client's weights, its own tensors and its `Batch`
+(FedProx's proximal term and its anchor; FedProto's prototype distance, reading the batch's
+embeddings, and the prototypes it was sent; MOON's contrastive term, embedding the batch under
+its frozen global and previous weights). An algorithm writes its round stacked as `stacked_fit`
 (`StackedFit`), calling a `Trainer` once per training phase for all clients (Ditto's two
 models, FedRep's head then body); what runs stacked is decided in `runtime.local`.
 """
@@ -47,8 +49,34 @@ from protofed.nn import linear
 from protofed.training.client import Client
 from protofed.training.loop import autocast, batches, make_optimizer
 
-Term = Callable[[Arrays, Arrays], torch.Tensor]
-"""A per-client addition to the loss: (one client's parameters, its own tensors) -> scalar."""
+
+def part(arrays: Arrays, prefix: str) -> Arrays:
+    """The entries under `prefix`, named without it (a submodule's weights: "features.")."""
+    return {n[len(prefix) :]: t for n, t in arrays.items() if n.startswith(prefix)}
+
+
+def embedding(model: nn.Module, weights: Arrays, x: torch.Tensor) -> torch.Tensor:
+    """`model.features(x)` under `weights` (named as the whole model's parameters)."""
+    return functional_call(model.get_submodule("features"), part(weights, "features."), (x,))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One client's batch as its `Term` sees it, inside vmap: the rows (padded to the batch
+    size), each row's weight in the batch mean (1/len(batch), 0 for padding: a term averages
+    with it, never over the padded length), the rows' embedding under the client's weights,
+    and `embed(weights)`, their embedding under other weights (MOON's frozen models)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    features: torch.Tensor
+    embed: Callable[[Arrays], torch.Tensor]
+
+
+Term = Callable[[Arrays, Arrays, Batch], torch.Tensor]
+"""A per-client addition to the loss: (one client's trained parameters, its own tensors, its
+batch) -> scalar."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +139,7 @@ def proximal_term(mu: float) -> Term | None:
         return None
     half_mu = 0.5 * float(mu)
 
-    def term(params: Arrays, anchor: Arrays) -> torch.Tensor:
+    def term(params: Arrays, anchor: Arrays, batch: Batch) -> torch.Tensor:
         distances = [(p - anchor[n]).pow(2).sum() for n, p in params.items() if n in anchor]
         return half_mu * torch.stack(distances).sum()
 
@@ -255,9 +283,14 @@ def _loss_and_grad(
         w: torch.Tensor,
         aux: Arrays,
     ) -> torch.Tensor:
-        logits = functional_call(model, {**frozen, **params}, (x,))
+        weights = {**frozen, **params}
+        features = embedding(model, weights, x)
+        logits = functional_call(model.get_submodule("head"), part(weights, "head."), (features,))
         value = (F.cross_entropy(logits, y, reduction="none") * w).sum()
-        return value if term is None else value + term(params, aux)
+        if term is None:
+            return value
+        batch = Batch(x, y, w, features, lambda other: embedding(model, other, x))
+        return value + term(params, aux, batch)
 
     return vmap(grad_and_value(loss))
 
@@ -297,7 +330,7 @@ def train_stacked(
 
     params = stack([t.start for t in tasks], moved)
     frozen = stack([t.start for t in tasks], [n for n in names if n not in params])
-    aux = stack([t.aux for t in tasks], sorted(tasks[0].aux))
+    aux = {n: a.to(device) for n, a in stack([t.aux for t in tasks], sorted(tasks[0].aux)).items()}
     if not params:
         raise ValueError("a stacked phase trains at least one parameter")
     optimizer = StackedOptimizer(list(params.values()), train, None)

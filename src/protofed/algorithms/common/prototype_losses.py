@@ -23,6 +23,7 @@ from torch import nn
 
 from protofed.prototypes import class_means
 from protofed.training.loop import LossFn
+from protofed.training.stacked import Batch, Term
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -97,3 +98,69 @@ def prototype_regularized_loss(
         return ce + lam * prototype_distance(features, y, prototypes, present, reduction, target)
 
     return loss
+
+
+def masked_prototype_distance(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    weight: torch.Tensor,
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
+    reduction: Reduction = "mean",
+    target: Target = "sample",
+) -> torch.Tensor:
+    """`prototype_distance` over the rows with `weight` > 0 (a stacked batch's padding has 0),
+    by masks instead of indexing: the same value, to rounding, in a form vmap maps over clients
+    (no shape that depends on the data, no branch on it). Kept apart so that the per-client
+    path's arithmetic, and with it every result recorded before, stays as it was."""
+    features = features.reshape(len(features), -1)
+    real = (weight > 0).to(features.dtype)
+    if target == "class_mean":
+        classes = torch.arange(len(prototypes), device=labels.device)
+        members = (labels.unsqueeze(1) == classes).to(features.dtype) * real.unsqueeze(1)
+        counts = members.sum(0)
+        rows = members.T @ features / counts.clamp(min=1).unsqueeze(1)
+        keep, targets = (counts > 0).to(features.dtype) * present, prototypes
+    else:
+        rows, keep, targets = features, present[labels] * real, prototypes[labels]
+    squared = ((rows - targets.detach()).pow(2).sum(-1) * keep).sum()
+    if reduction == "sum":
+        return squared
+    per_row = squared / keep.sum().clamp(min=1)
+    return per_row / features.shape[1] if reduction == "mean" else per_row
+
+
+def prototype_inputs(
+    prototypes: torch.Tensor, present: torch.Tensor, lam: float, dim: int
+) -> dict[str, torch.Tensor]:
+    """A client's tensors for `prototype_term`: the prototypes it was sent, dense (C, dim)
+    (none sent yet: zeros, every class absent), its class mask and its weight lam."""
+    if prototypes.shape[1] != dim:
+        prototypes = prototypes.new_zeros(len(prototypes), dim)
+    return {
+        "prototypes": prototypes,
+        "present": present.float(),
+        "lam": torch.tensor(float(lam)),
+    }
+
+
+def prototype_term(target: Target = "sample", reduction: Reduction = "mean") -> Term:
+    """`prototype_regularized_loss`'s lam * distance for stacked training, each client with its
+    own prototypes, mask and lam (`prototype_inputs`): a client with no prototype in its batch
+    (or lam 0) adds 0, as the per-client loss adds nothing."""
+
+    def term(
+        params: dict[str, torch.Tensor], aux: dict[str, torch.Tensor], batch: Batch
+    ) -> torch.Tensor:
+        distance = masked_prototype_distance(
+            batch.features,
+            batch.y,
+            batch.weight,
+            aux["prototypes"],
+            aux["present"],
+            reduction,
+            target,
+        )
+        return aux["lam"] * distance
+
+    return term
