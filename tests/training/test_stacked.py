@@ -309,6 +309,7 @@ def har_natural(shared_data, tmp_path_factory) -> list[str]:
                 "algorithm.lam=0.01",
             ),
         ),
+        ("feddpa", ()),  # each client's own lambda_k, from its Het_k before training
     ],
 )
 def test_a_whole_har_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra, har_natural):
@@ -318,6 +319,32 @@ def test_a_whole_har_run_stacked_is_the_run_one_client_at_a_time(algorithm, extr
     ref = simulate(prepare(load_config(None, [*settings, "train.stacked='false'"])))
     got = simulate(prepare(load_config(None, [*settings, "train.stacked='true'"])))
     _assert_same_run(ref, got)
+
+
+@pytest.mark.parametrize("target", ["sample", "class_mean"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "squared_l2"])
+def test_the_masked_prototype_distance_is_the_per_client_one(target, reduction, digits):
+    """The stacked term's distance over a padded batch (rows of weight 0 at the end) is the
+    per-client loss's over the real rows, for every target and reduction; classes without a
+    prototype, or none at all, add nothing."""
+    from protofed.algorithms.common.prototype_losses import (
+        masked_prototype_distance,
+        prototype_distance,
+    )
+
+    torch.manual_seed(3)
+    model = build_model(ModelConfig(name="mlp", hidden=[16]), (1, 8, 8), 10)
+    x, y = digits[0][:40], digits[1][:40]
+    with torch.no_grad():
+        features = model.features(x)
+    prototypes = torch.randn(10, features.shape[1], generator=torch.Generator().manual_seed(4))
+    weight = torch.cat([torch.full((29,), 1 / 29), torch.zeros(11)])  # 29 real rows, padded
+    for present in (torch.arange(10) % 3 != 0, torch.zeros(10, dtype=torch.bool)):
+        ref = prototype_distance(features[:29], y[:29], prototypes, present, reduction, target)
+        got = masked_prototype_distance(
+            features, y, weight, prototypes, present.float(), reduction, target
+        )
+        torch.testing.assert_close(got, ref, **TIGHT)
 
 
 def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):

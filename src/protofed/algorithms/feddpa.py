@@ -9,9 +9,21 @@ import torch
 from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
-from protofed.algorithms.common.prototype_losses import prototype_regularized_loss
+from protofed.algorithms.common.prototype_losses import (
+    prototype_inputs,
+    prototype_regularized_loss,
+    prototype_term,
+)
 from protofed.core.seeding import SERVER, derive_seed
-from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
+from protofed.core.types import (
+    MODEL,
+    AggregateResult,
+    Arrays,
+    FitResult,
+    Metrics,
+    Records,
+    Reply,
+)
 from protofed.prototypes import (
     PROTOS,
     best_kmeans,
@@ -23,6 +35,7 @@ from protofed.prototypes import (
     with_prototype_head,
 )
 from protofed.training.client import Client
+from protofed.training.stacked import StackedTask, Trainer
 
 # the server's record of the global prototypes: "prototypes" (C, D) and "present" (C,), 1
 # where a class has a global prototype (sent down packed, as the record `protos`)
@@ -170,6 +183,7 @@ class FedDPA(Algorithm):
         "Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning "
         "with Non-IID Data, Electronics 2025"
     )
+    stackable = True
 
     class Params(Hyperparams):
         alpha: float = Field(0.01, ge=0, description="Base regularisation strength (paper: 0.01).")
@@ -251,30 +265,66 @@ class FedDPA(Algorithm):
             return self.params.alpha + self.params.beta * het
         return self.params.alpha if self.params.fixed_lambda is None else self.params.fixed_lambda
 
-    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
-        num_classes = self.setting.num_classes
+    def alignment(
+        self, client: Client, message: Records
+    ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """Load the sent model; the global prototypes (C, D) and their mask on the client's
+        device, its Het_k (eq. 5, of the sent model's embeddings) and its lambda_k (eq. 4)."""
         data = client.data
         client.load(message[MODEL])
-        protos, counts = unpack_prototypes(message.get(PROTOS), num_classes)
+        protos, counts = unpack_prototypes(message.get(PROTOS), self.setting.num_classes)
         device = data.train_x.device
         protos, present = protos.to(device), (counts > 0).to(device)
         het = 0.0
         if bool(present.any()) and self.params.adaptive:
             before, before_counts = embedding_means(
-                client.model, data.train_x, data.train_y, num_classes
+                client.model, data.train_x, data.train_y, self.setting.num_classes
             )
             het = heterogeneity(
                 before, before_counts, protos, present, self.params.heterogeneity == "squared"
             )
-        lam = self._lambda(het)
+        return protos, present, het, self._lambda(het)
+
+    def fitted(self, client: Client, metrics: Metrics, het: float, lam: float) -> FitResult:
+        """The reply of the workspace model as trained: its weights and the class means of its
+        embeddings of the client's data."""
+        data = client.data
+        means, counts = embedding_means(
+            client.model, data.train_x, data.train_y, self.setting.num_classes
+        )
+        metrics = {**metrics, "heterogeneity": het, "reg_lambda": lam}
+        reply = {MODEL: client.weights(), PROTOS: pack_prototypes(means.cpu(), counts.cpu())}
+        return FitResult(reply, metrics)
+
+    def fit(self, client: Client, message: Records, state: Records) -> FitResult:
+        protos, present, het, lam = self.alignment(client, message)
         loss_fn = prototype_regularized_loss(
             protos, present, lam, target="class_mean", reduction=self.params.reg_reduction
         )
-        metrics = client.train_model(loss_fn=loss_fn)
-        means, class_counts = embedding_means(client.model, data.train_x, data.train_y, num_classes)
-        metrics.update(heterogeneity=het, reg_lambda=lam)
-        reply = {MODEL: client.weights(), PROTOS: pack_prototypes(means.cpu(), class_counts.cpu())}
-        return FitResult(reply, metrics)
+        return self.fitted(client, client.train_model(loss_fn=loss_fn), het, lam)
+
+    def stacked_fit(
+        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
+    ) -> list[FitResult]:
+        """`fit` stacked: every client's Het_k and lambda_k from the sent model, as `fit`
+        computes them, then the alignment term on the batch's class means with its own
+        lambda_k, then each client's prototypes from its trained model."""
+        aligned = [self.alignment(c, m) for c, m in zip(clients, messages, strict=True)]
+        term = None
+        if any(lam != 0 and bool(present.any()) for _, present, _, lam in aligned):
+            term = prototype_term("class_mean", self.params.reg_reduction)
+        dim = max(protos.shape[1] for protos, *_ in aligned)
+        tasks = [
+            StackedTask(m[MODEL], prototype_inputs(protos, present, lam, dim) if term else {})
+            for m, (protos, present, _, lam) in zip(messages, aligned, strict=True)
+        ]
+        results = []
+        for client, (weights, metrics), (*_, het, lam) in zip(
+            clients, train(tasks, term), aligned, strict=True
+        ):
+            client.load(weights)
+            results.append(self.fitted(client, metrics, het, lam))
+        return results
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
