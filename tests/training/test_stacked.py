@@ -310,11 +310,13 @@ def har_natural(shared_data, tmp_path_factory) -> list[str]:
             ),
         ),
         ("feddpa", ()),  # each client's own lambda_k, from its Het_k before training
+        ("moon", ()),  # round 2: clients with a previous model and one without
     ],
 )
 def test_a_whole_har_run_stacked_is_the_run_one_client_at_a_time(algorithm, extra, har_natural):
-    """Algorithms whose term reads the batch (the prototypes sent, the embeddings): on real
-    UCI-HAR clients the stacked run is today's, prototypes sent and kept included."""
+    """Algorithms whose term reads the batch (its embeddings, under the client's weights or
+    MOON's frozen ones): on real UCI-HAR clients the stacked run is today's, the prototypes
+    sent and the states kept included."""
     settings = (*har_natural, f"algorithm.name={algorithm}", *extra)
     ref = simulate(prepare(load_config(None, [*settings, "train.stacked='false'"])))
     got = simulate(prepare(load_config(None, [*settings, "train.stacked='true'"])))
@@ -371,7 +373,7 @@ def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
-        (("algorithm.name=moon",), "moon cannot"),
+        (("algorithm.name=fedpac",), "fedpac cannot"),
         (("algorithm.name=fedala",), "fedala cannot"),
         (("model.name=cnnbn",), "buffers"),
     ],
@@ -415,7 +417,7 @@ def test_a_bare_true_is_the_same_switch_and_a_refusal_writes_nothing(tmp_path):
 
     assert load_config(None, ["train.stacked=true"]).train.stacked == "true"
     assert load_config(None, ["train.stacked=false"]).train.stacked == "false"
-    cfg = load_config(None, [*BASE, "train.stacked=true", "algorithm.name=moon"])
+    cfg = load_config(None, [*BASE, "train.stacked=true", "algorithm.name=fedpac"])
     with pytest.raises(ConfigError, match="train.stacked=true"):
         start(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
