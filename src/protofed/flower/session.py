@@ -9,6 +9,7 @@ Flower mid-call; every process the session started is waited for, and killed if 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -56,25 +57,31 @@ AT_ONCE = [False]
 """Set by a second Ctrl-C or SIGTERM, which interrupts the session at once (a plain flag: a
 signal handler takes no lock)."""
 
+SIGNALLED = [False]
+"""Set by the first Ctrl-C or SIGTERM (`STOP` is also set by an error, which `StopDeadline`
+leaves alone)."""
+
 
 class SilentOnceInterrupted(logging.Filter):
-    """Drops Flower's records once a second signal interrupted the session at once: Ray is
-    then shut down under the calls in flight, as asked, and Flower's worker threads log each
-    one's `ActorDiedError` with its traceback; the run's one line says what happened."""
+    """Drops Flower's records once a signal stopped the session: a second signal (or
+    `StopDeadline`) shuts Ray down under the calls in flight, as asked, and a SIGTERM to the
+    process group ends Ray's actors with the driver; Flower's worker threads then log each
+    call's `ActorDiedError` or `ActorUnavailableError` with its traceback. The run's one
+    line says what happened."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not AT_ONCE[0]
+        return not (AT_ONCE[0] or SIGNALLED[0])
 
 
 @contextlib.contextmanager
 def quiet_flower_logs() -> Iterator[None]:
     """Flower's own log at WARNING while the block runs (its INFO lines narrate each round),
-    and none at all after a second signal (`SilentOnceInterrupted`: kept on the logger, since
+    and none at all after a signal (`SilentOnceInterrupted`: kept on the logger, since
     Flower's threads may still log while the process exits)."""
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)
-    AT_ONCE[0] = False
+    AT_ONCE[0] = SIGNALLED[0] = False
     if not any(isinstance(f, SilentOnceInterrupted) for f in flwr_logger.filters):
         flwr_logger.addFilter(SilentOnceInterrupted())
     try:
@@ -101,6 +108,17 @@ def signal_handlers_kept() -> Iterator[None]:
                 signal.signal(signum, handler)
 
 
+STOP_GRACE_S = 2.0
+"""After the first Ctrl-C or SIGTERM, how long the session may take to stop cleanly (the
+clients in training reply, Flower shuts Ray down) before it is interrupted at once, as a
+second signal would (`StopDeadline`)."""
+
+GIVE_UP_S = 8.0
+"""After the first signal, the session has ended by then, or its processes are killed by
+PID and this process exits with 130 (`StopDeadline`); the interpreter's exit then takes at
+most `exit_once_interrupted`'s 3 s more."""
+
+
 def request_stop(signum: int, frame: object) -> None:
     """The first Ctrl-C or SIGTERM asks the session to stop; the next one interrupts at once.
 
@@ -108,14 +126,97 @@ def request_stop(signum: int, frame: object) -> None:
     while its worker threads may still wait on an actor's reply; the process then hung with
     every thread in a futex wait (seen in 4 of 5 suite runs, tests/test_reliability.py).
     Asking instead ends the ServerApp's waits (`STOP`), so Flower stops its workers once the
-    clients in training reply, then shuts Ray down with no call in flight.
+    clients in training reply, then shuts Ray down with no call in flight. A client that
+    trains long would hold that up: `StopDeadline` interrupts at once after `STOP_GRACE_S`.
     """
     if STOP.is_set():
         AT_ONCE[0] = True
         raise KeyboardInterrupt
+    SIGNALLED[0] = True
     STOP.set()
     with contextlib.suppress(OSError):  # a handler may not take logging's locks
-        os.write(2, b"stopping once the clients in training reply (again: stop at once)\n")
+        os.write(2, b"stopping the Flower session (again: stop at once)\n")
+
+
+class StopDeadline:
+    """Bounds the time from the first Ctrl-C or SIGTERM to the session's end.
+
+    A thread watches for the first signal (`SIGNALLED`, polled every 0.25 s): the session
+    then has `STOP_GRACE_S` to stop cleanly, then the main thread is interrupted as by a
+    second signal (`request_stop`, Flower's own path, tests/test_reliability.py); if the
+    session has still not ended `GIVE_UP_S` after the signal (the main thread stuck in
+    Ray's shutdown on a loaded machine), every process it started is killed by PID and
+    this process exits with 130 after one line. Watches in the main thread's sessions only,
+    where `request_stop` handles the signals. `running()` wraps the simulation; leaving the
+    `with` block marks the session's end, once its processes were ended.
+    """
+
+    def __init__(self, spared: int | None = None) -> None:
+        """`spared`: a child process to leave alone (the `Reaper`)."""
+        self.spared = spared
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._inside = False  # the main thread is in the simulation: an interrupt lands there
+        self._thread = threading.Thread(target=self._watch, name="stop-deadline", daemon=True)
+
+    def __enter__(self) -> StopDeadline:
+        if threading.current_thread() is threading.main_thread():  # where signals are handled
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ended.set()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The block where the deadline may interrupt the main thread, and nowhere else: an
+        interrupt asked for as the block ends is taken before the clean-up after it."""
+        with self._lock:
+            self._inside = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside = False
+            with contextlib.suppress(KeyboardInterrupt):
+                _take_pending_signals()
+
+    def _watch(self) -> None:
+        while not SIGNALLED[0]:  # polled: a signal handler sets no event it could block on
+            if self._ended.wait(0.25):
+                return
+        if self._ended.wait(STOP_GRACE_S):
+            return
+        with self._lock:
+            if self._inside and not AT_ONCE[0]:
+                # as a second Ctrl-C (request_stop): a real signal, to the main thread, so
+                # that a wait there (joining Flower's workers) is interrupted too, which
+                # `_thread.interrupt_main` does not do
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        if self._ended.wait(GIVE_UP_S - STOP_GRACE_S):
+            return
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """Kill what the session started, say so in one line, and exit with 130."""
+        AT_ONCE[0] = True  # Flower's threads log nothing more
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid != self.spared]
+        for process in started:  # SIGKILL is final: no wait (3.4 s under load, measured)
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        with contextlib.suppress(OSError):
+            os.write(
+                2,
+                f"interrupted: Flower's simulation did not stop within {GIVE_UP_S:.0f} s, so "
+                "its processes were killed; a Flower run cannot resume; start it again with "
+                "--force\n".encode(),
+            )
+        os._exit(130)  # the CLI's exit code for an interrupted run (docs/reliability.md)
+
+
+def _take_pending_signals() -> None:
+    """Nothing: a Python call, where the interpreter runs a signal handler whose signal has
+    come (`StopDeadline`'s), so that its KeyboardInterrupt is raised here."""
 
 
 def start_ray(init_args: dict[str, Any]) -> None:
@@ -156,16 +257,24 @@ def shut_ray_down() -> None:
 
 
 def exit_once_interrupted(grace_s: float = 3.0) -> None:
-    """At the interpreter's exit, after a second signal stopped a session at once: give the
-    threads left `grace_s`, then end the process with exit code 130 (interrupted).
+    """At the interpreter's exit after a signal stopped a session: the objects alive are
+    frozen out of the garbage collector (`gc.freeze`), and after a second signal (or
+    `StopDeadline`'s interrupt) the threads left get `grace_s`, then the process ends with
+    exit code 130 (interrupted).
+
+    The interpreter's finalization collects every object of torch, Ray and Flower: on a
+    loaded 2-core machine that took 10 s and more after the run's line was printed (the
+    main thread in `Py_FinalizeEx`, `gc_collect_main`, read with gdb), about 0.5 s frozen.
 
     The second signal interrupts Flower's Simulation Runtime, which shuts Ray down while its
     worker threads may wait in `ray.get` for a client's reply; such a call can then wait
     forever, and the interpreter hung on its way out, joining the thread (4 times in 8
     with the signals 0.05 to 0.2 s apart during training). Everything the session started
     has been ended by then (`end_processes`), and the run's line printed: only the exit is
-    left. Called by `threading` before it joins the threads, never after a single signal.
+    left. Called by `threading` before it joins the threads.
     """
+    if SIGNALLED[0] or AT_ONCE[0]:
+        gc.freeze()
     if not AT_ONCE[0]:
         return
     deadline = time.monotonic() + grace_s

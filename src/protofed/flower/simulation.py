@@ -27,6 +27,7 @@ from protofed.flower import wire
 from protofed.flower.reaper import Reaper
 from protofed.flower.session import (
     FLOWER_ENV,
+    StopDeadline,
     backend_config,
     end_processes,
     quiet_flower_logs,
@@ -149,16 +150,18 @@ def _run_session(experiments: Experiments) -> bool:
         STOP.clear()
         with (
             signal_handlers_kept(),
-            Reaper() as reaper,
-        ):  # if this process is SIGKILLed, Ray's processes die with it
+            Reaper() as reaper,  # if this process is SIGKILLed, Ray's processes die with it
+            StopDeadline(spared=reaper.pid) as deadline,  # a signal ends it within seconds
+        ):
             try:
                 stop_on_signals(backend["init_args"])
-                run_simulation(
-                    server_app=server_app,
-                    client_app=client_app,
-                    num_supernodes=max(loop.num_clients for loop in loops),
-                    backend_config=backend,
-                )
+                with deadline.running():
+                    run_simulation(
+                        server_app=server_app,
+                        client_app=client_app,
+                        num_supernodes=max(loop.num_clients for loop in loops),
+                        backend_config=backend,
+                    )
                 stopped = STOP.is_set()  # a signal during the clean-up below stops nothing
             except BaseException:  # Ctrl-C, SIGTERM: end the ServerApp thread's wait, then Ray
                 STOP.set()

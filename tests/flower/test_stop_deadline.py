@@ -1,0 +1,106 @@
+"""The bound on a Flower session's stop (flower/session.py `StopDeadline`): after the first
+Ctrl-C the session has `STOP_GRACE_S` to stop cleanly, then it is interrupted at once, and
+if it has still not ended `GIVE_UP_S` after the signal, its processes are killed by PID and
+the process exits with 130 after one line. Each case is a small process whose "simulation"
+is a loop that stops, ignores the stop request, or ignores every interrupt (the main thread
+stuck, as in Ray's shutdown on a loaded machine); the end-to-end run is in
+tests/test_reliability.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+GRACE_S, GIVE_UP_S = 0.5, 2.0
+
+SESSION = """
+import subprocess, sys, time
+from protofed.flower import session
+session.STOP_GRACE_S, session.GIVE_UP_S = {grace}, {give_up}
+session.signal.signal(session.signal.SIGINT, session.request_stop)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+with session.StopDeadline() as deadline:
+    try:
+        with deadline.running():
+            while not ({behaviour} == "stops" and session.STOP.is_set()):
+                try:
+                    time.sleep(0.02)
+                except KeyboardInterrupt:
+                    if {behaviour} != "stuck":
+                        raise
+        print("stopped cleanly", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted at once", flush=True)
+    child.kill()
+    child.wait()
+time.sleep(1.5)  # long after the session: the deadline must not act any more
+print("went on", flush=True)
+"""
+
+
+def _session(behaviour: str) -> tuple[subprocess.Popen, int]:
+    """The session in its own process, once it runs: (it, its child's PID)."""
+    code = SESSION.format(grace=GRACE_S, give_up=GIVE_UP_S, behaviour=repr(behaviour))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"},
+    )
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    time.sleep(0.3)  # in the loop
+    return proc, child
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[int, float, str, str]:
+    """One Ctrl-C: the exit code, the seconds until the session's end was printed (or the
+    exit), stdout and stderr."""
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    took = time.monotonic() - t0
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, took, first + out, err
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "said", "within"),
+    [
+        ("stops", "stopped cleanly", (0.0, GRACE_S)),
+        ("ignores the request", "interrupted at once", (GRACE_S, GRACE_S + 1.5)),
+    ],
+)
+def test_a_session_that_stops_is_left_alone_one_that_does_not_is_interrupted(
+    behaviour, said, within
+):
+    proc, child = _session(behaviour)
+    code, took, out, err = _interrupt(proc)
+    assert code == 0, err
+    assert out.split() == [*said.split(), "went", "on"], out
+    assert within[0] <= took < within[1], took
+    assert err.strip() == "stopping the Flower session (again: stop at once)", err
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+def test_a_session_stuck_after_the_interrupt_is_killed_by_pid_and_exits_130():
+    proc, child = _session("stuck")
+    code, took, out, err = _interrupt(proc)
+    assert code == 130, (out, err)
+    assert GIVE_UP_S <= took < GIVE_UP_S + 1.5, took
+    assert "went on" not in out
+    lines = err.strip().splitlines()
+    assert lines[0] == "stopping the Flower session (again: stop at once)", err
+    assert len(lines) == 2 and lines[1].startswith(
+        "interrupted: Flower's simulation did not stop within 2 s, so its processes were killed"
+    ), err
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
