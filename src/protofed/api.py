@@ -398,13 +398,26 @@ class Started:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a run: which round it had finished, and whether `resume` continues
-    it (a KeyboardInterrupt still, for whoever catches that)."""
+    """Ctrl-C stopped a run: which round it had finished, whether `resume` continues it,
+    and from which round (the last checkpointed: `train.checkpoint_every`). A
+    KeyboardInterrupt still, for whoever catches that."""
 
-    def __init__(self, path: Path, server_round: int, resumable: bool) -> None:
+    def __init__(
+        self, path: Path, server_round: int, resumable: bool, resumes_from: int | None = None
+    ) -> None:
         how = f"continue with protofed.resume({str(path)!r})" if resumable else "cannot resume"
-        super().__init__(f"{path}: interrupted after round {server_round}; {how}")
+        super().__init__(f"{path}: {interrupted_after(server_round, resumes_from)}; {how}")
         self.path, self.server_round, self.resumable = path, server_round, resumable
+        self.resumes_from = server_round if resumes_from is None else resumes_from
+
+
+def interrupted_after(server_round: int, resumes_from: int | None) -> str:
+    """ "interrupted after round N", and the round a resume starts from where it is earlier."""
+    if resumes_from is None or resumes_from >= server_round:
+        return f"interrupted after round {server_round}"
+    if resumes_from == 0:
+        return f"interrupted after round {server_round} (no round checkpointed yet)"
+    return f"interrupted after round {server_round} (checkpointed after round {resumes_from})"
 
 
 class SummaryWarning(RuntimeWarning):
@@ -575,8 +588,12 @@ def _drive(
             engine.drive(loop, each)
         except KeyboardInterrupt as stop:
             if not (Path(out) / SUMMARY).is_file():
+                checkpointed = loop.checkpointed_round
                 raise RunInterrupted(
-                    Path(out), loop.progress.server_round, loop.checkpoints
+                    Path(out),
+                    loop.progress.server_round,
+                    loop.checkpoints,
+                    done if checkpointed is None else checkpointed,
                 ) from stop
             # the signal came after the summary was written: the run is complete
             from protofed.runtime.provenance import close_session

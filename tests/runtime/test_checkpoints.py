@@ -100,3 +100,31 @@ def test_a_run_killed_rounds_after_its_last_checkpoint_resumes_to_the_uninterrup
     assert _numbers(resumed) == _numbers(whole)
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4]
+
+
+def test_an_interrupt_says_from_which_round_a_resume_starts(tmp_path):
+    """With a checkpoint every 3rd round, Ctrl-C after round 2 of a resumed run that was
+    checkpointed after round 3 leaves round 3 as the resume point: the message says so."""
+    import protofed
+    from protofed.api import RunInterrupted, interrupted_after
+
+    assert interrupted_after(4, 4) == "interrupted after round 4"
+    assert interrupted_after(4, 0) == "interrupted after round 4 (no round checkpointed yet)"
+    assert interrupted_after(5, 3) == "interrupted after round 5 (checkpointed after round 3)"
+
+    def stop_after(last: int, server_round: int, info: object, record: object) -> None:
+        if server_round == last:
+            raise KeyboardInterrupt
+
+    import yaml
+
+    settings = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    settings.update({"train.rounds": 6, "train.checkpoint_every": 3})
+    out = tmp_path / "run"
+    with pytest.raises(RunInterrupted) as first:
+        protofed.run(None, out, on_round=partial(stop_after, 2), **settings)
+    assert (first.value.server_round, first.value.resumes_from) == (2, 0)
+    with pytest.raises(RunInterrupted) as second:
+        protofed.resume(out, on_round=partial(stop_after, 4))
+    assert (second.value.server_round, second.value.resumes_from) == (4, 3)
+    assert "(checkpointed after round 3)" in str(second.value)

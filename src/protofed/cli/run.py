@@ -90,11 +90,14 @@ class RoundsDisplay:
 
 def _exit_interrupted(stop: RunInterrupted) -> NoReturn:
     """Where the run stopped and how to go on, and exit code 130."""
+    from protofed.api import interrupted_after
+
     if stop.resumable:
         hint = f"continue with: protofed run --resume {stop.path}"
     else:  # the client states lived in Flower's ClientApps: gone with them
         hint = "a Flower run cannot resume; start it again with --force"
-    err_console.print(f"interrupted after round {stop.server_round}; {hint}", highlight=False)
+    where = interrupted_after(stop.server_round, stop.resumes_from if stop.resumable else None)
+    err_console.print(f"{where}; {hint}", highlight=False)
     raise typer.Exit(code=EXIT_INTERRUPTED) from None
 
 

@@ -165,6 +165,7 @@ class RoundLoop:
         self._fingerprint: dict | None = None
         # when the last checkpoint of this session was written, and what writing it took
         self._last_checkpoint: tuple[float, float | None] = (time.perf_counter(), None)
+        self.checkpointed_round: int | None = None  # the last this session wrote, if any
 
     # state ------------------------------------------------------------------------------
     @property
@@ -388,6 +389,7 @@ class RoundLoop:
         done = time.perf_counter()
         self.progress.checkpoint_s += done - now
         self._last_checkpoint = (done, done - now)
+        self.checkpointed_round = server_round
 
     def finish(self, total_s: float, diverged: str | None = None) -> Summary:
         """The summary, written to the run directory (if any)."""
