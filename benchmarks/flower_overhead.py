@@ -83,7 +83,7 @@ def measure(name: str, rounds: int, data_dir: str) -> dict:
         per_round.append(
             {
                 "round": r,
-                "train_s": info.train_s + info.aggregate_s,
+                "train_s": info.train_s + info.guard_s + info.aggregate_s,
                 "eval_s": record.time.eval_s if record else 0.0,
                 "wall_s": now - marks[-1][0],
                 "cpu_s": cpu - marks[-1][1],

@@ -68,7 +68,7 @@ def measure(name: str, overrides: list[str], rounds: int, data_dir: str, seed: i
             {
                 "round": r,
                 "wall_s": now - last[0],
-                "train_s": info.train_s + info.aggregate_s,
+                "train_s": info.train_s + info.guard_s + info.aggregate_s,
                 "eval_s": record.time.eval_s if record else 0.0,
                 "acc": record.global_.acc if record and record.global_ else None,
             }

@@ -94,7 +94,9 @@ def train_s_per_round(path: str | None, overrides: list[str], rounds: int, data_
     )
     sim = simulate(prepare(cfg))
     times: list[float] = []
-    sim.run(on_round=lambda r, info, rec: times.append(info.train_s + info.aggregate_s))
+    sim.run(
+        on_round=lambda r, info, rec: times.append(info.train_s + info.guard_s + info.aggregate_s)
+    )
     return statistics.median(times)
 
 

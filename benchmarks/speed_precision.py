@@ -86,7 +86,7 @@ def measure(
     eval_s: list[float] = []
 
     def on_round(r, info, record):
-        train_s.append(info.train_s + info.aggregate_s)
+        train_s.append(info.train_s + info.guard_s + info.aggregate_s)
         if record:
             eval_s.append(record.time.eval_s)
 
