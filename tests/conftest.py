@@ -22,6 +22,25 @@ def uci_har_slice(path: Path, subjects: list[int], every: int) -> Path:
     return path
 
 
+def har_slice_config(path: Path, *settings: str):
+    """The config of a 2-round run on a `uci_har_slice` file (one client per subject, seed 1,
+    one thread), then `settings` (`key=value`, applied in order)."""
+    from protofed.config import load_config
+
+    return load_config(
+        None,
+        [
+            "data.name=arrays",
+            f"data.path={path}",
+            "data.partition=natural",
+            "seed=1",
+            "train.rounds=2",
+            "train.threads=1",
+            *settings,
+        ],
+    )
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real data sets beside the repo (../shared/data); tests needing them skip without."""

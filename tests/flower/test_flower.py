@@ -47,7 +47,7 @@ from protofed.runtime import fit_client, prepare, simulate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: test_golden, conftest
 import test_golden  # noqa: E402
-from conftest import uci_har_slice  # noqa: E402
+from conftest import har_slice_config, uci_har_slice  # noqa: E402
 
 for _key, _value in FLOWER_ENV.items():  # no telemetry, no update check, no pip installs
     os.environ.setdefault(_key, _value)
@@ -90,21 +90,7 @@ SMALL = {  # per-algorithm settings that keep the runs short
 
 def _config(path: Path, name: str, *extra: str):
     model = SMALL.get(name, ["model.name=mlp", "model.hidden=[64]"])
-    return load_config(
-        None,
-        [
-            "data.name=arrays",
-            f"data.path={path}",
-            "data.partition=natural",
-            "seed=1",
-            "train.rounds=2",
-            "train.threads=1",
-            "eval.batch_size=256",
-            *model,
-            f"algorithm.name={name}",
-            *extra,
-        ],
-    )
+    return har_slice_config(path, "eval.batch_size=256", *model, f"algorithm.name={name}", *extra)
 
 
 @pytest.fixture(scope="module")

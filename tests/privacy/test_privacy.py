@@ -14,7 +14,7 @@ from dp_accounting import dp_event, pld, rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import uci_har_slice
+from conftest import har_slice_config, uci_har_slice
 from protofed.config import PrivacyConfig, load_config
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
@@ -290,23 +290,15 @@ def test_central_masks_are_the_noised_majority_of_the_round() -> None:
 
 def _fedsub_on_har(folder, *extra: str):
     path = uci_har_slice(folder / "har6.npz", [1, 3, 5, 6, 7, 8], every=8)
-    return load_config(
-        None,
-        [
-            "data.name=arrays",
-            f"data.path={path}",
-            "data.partition=natural",
-            "seed=1",
-            "train.rounds=2",
-            "train.threads=1",
-            "model.name=mlp",
-            "model.hidden=[64]",
-            "algorithm.name=fedsub",
-            "eval.generalization=false",
-            "privacy.enabled=true",
-            "privacy.noise_multiplier=1",
-            *extra,
-        ],
+    return har_slice_config(
+        path,
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "algorithm.name=fedsub",
+        "eval.generalization=false",
+        "privacy.enabled=true",
+        "privacy.noise_multiplier=1",
+        *extra,
     )
 
 
