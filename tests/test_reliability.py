@@ -376,11 +376,12 @@ def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
         "data.standardize=false",
         "train.rounds=3",
     ]
-    stopped = runner.invoke(app, ["run", "--out", str(tmp_path / "a"), *_sets(base)])
+    # in this process, then in two workers (each checks the replies it trains)
+    serial = _sets([*base, "train.workers=1"])
+    stopped = runner.invoke(app, ["run", "--out", str(tmp_path / "a"), *serial])
     assert stopped.exit_code == 3 and "client 3" in stopped.stderr
-    dropped = runner.invoke(
-        app, ["run", "--out", str(tmp_path / "b"), *_sets([*base, "train.on_nonfinite=drop"])]
-    )
+    drop = _sets([*base, "train.workers=2", "train.on_nonfinite=drop"])
+    dropped = runner.invoke(app, ["run", "--out", str(tmp_path / "b"), *drop])
     assert dropped.exit_code == 0, dropped.output
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["dropped_nonfinite"] == 3
@@ -389,7 +390,7 @@ def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
 
 def test_the_non_finite_guard_names_the_first_bad_array_and_only_then_scans():
     """One sum per array decides; a total that overflows from finite values is no fault."""
-    from protofed.runtime.loop import nonfinite
+    from protofed.runtime.guard import nonfinite
 
     big = torch.full((4,), 3e38)  # finite, but its float32 sum is inf
     clean = {"model": {"w": torch.randn(5, 3), "b": torch.zeros(3), "n": torch.arange(3)}}

@@ -8,8 +8,8 @@ import json
 import time
 
 from protofed.config import load_config
+from protofed.runtime import guard, prepare, simulate, start
 from protofed.runtime import loop as round_loop
-from protofed.runtime import prepare, simulate, start
 
 DIGITS = [
     "data.name=digits",
@@ -25,7 +25,8 @@ DIGITS = [
 
 def test_each_phase_gets_its_own_time_however_aggregate_consumes_the_replies(monkeypatch):
     """Slowed by known amounts: each reply 0.1 s later (training), each check 0.05 s (the
-    guard: four replies and the aggregate), the aggregation 0.3 s before it reads a reply."""
+    guard: four replies, checked where they were trained, and the aggregate), the
+    aggregation 0.3 s before it reads a reply."""
     loop = simulate(prepare(load_config(None, DIGITS)))
     fit, aggregate, nonfinite = loop.transport.fit, loop.algorithm.aggregate, round_loop.nonfinite
 
@@ -45,6 +46,7 @@ def test_each_phase_gets_its_own_time_however_aggregate_consumes_the_replies(mon
     monkeypatch.setattr(loop.transport, "fit", slow_fit)
     monkeypatch.setattr(loop.algorithm, "aggregate", slow_aggregate)
     monkeypatch.setattr(round_loop, "nonfinite", slow_check)
+    monkeypatch.setattr(guard, "nonfinite", slow_check)
     t0 = time.perf_counter()
     info = loop.run_round(1)
     wall = time.perf_counter() - t0

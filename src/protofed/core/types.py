@@ -46,14 +46,26 @@ class Reply:
     num_examples: float = 1.0
 
 
+class Checked(NamedTuple):
+    """The non-finite check of a reply's records, run where the reply was made (in this
+    process or in one of its own workers): the first array holding NaN or infinity (None:
+    clean) and the check's share of the round's wall clock, in seconds (its time over the
+    processes that check in parallel)."""
+
+    bad: str | None
+    wall_s: float
+
+
 class Delivery(NamedTuple):
     """A reply as a transport hands it to the round loop, with the bytes that crossed the
     wire for it: the message down to the client and the reply up (0 and 0 where nothing
-    crossed one, as for the pooled reference client)."""
+    crossed one, as for the pooled reference client), and its non-finite check where the
+    transport ran it (None: the loop checks the reply itself)."""
 
     reply: Reply
     down_bytes: int
     up_bytes: int
+    checked: Checked | None = None
 
 
 @dataclass

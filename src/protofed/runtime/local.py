@@ -20,6 +20,7 @@ from protofed.config import ExperimentConfig
 from protofed.core.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from protofed.core.types import (
     Arrays,
+    Checked,
     Delivery,
     FitResult,
     Records,
@@ -31,6 +32,7 @@ from protofed.core.types import (
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
+from protofed.runtime.guard import checked
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
 from protofed.training.client import Client
@@ -112,6 +114,15 @@ def fit_and_count(
     )
     trained = algorithm.trained_model(message, result) if keeps_trained(prepared.cfg) else None
     return result, nbytes(message), trained
+
+
+def fit_and_check(
+    prepared: Prepared, server: Records, client: int, server_round: int, state: Records
+) -> tuple[FitResult, int, Arrays | None, Checked]:
+    """`fit_and_count` and the reply's non-finite check, run where the client trained (in a
+    worker, on its own core, while the reply is still in that core's cache)."""
+    result, down, trained = fit_and_count(prepared, server, client, server_round, state)
+    return result, down, trained, checked(result.reply)
 
 
 def unstackable(cls: type[Algorithm]) -> str | None:
@@ -216,12 +227,12 @@ class InProcessTransport:
         p = self.prepared
         tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]
         if self.pool is not None:
-            results = self.pool.map(fit_and_count, tasks)
+            results = self.pool.map(fit_and_check, tasks)
         else:
-            results = (fit_and_count(p, *task) for task in tasks)
-        for cid, (result, down, trained) in zip(clients, results, strict=True):
+            results = (fit_and_check(p, *task) for task in tasks)
+        for cid, (result, down, trained, check) in zip(clients, results, strict=True):
             self.keep(cid, result, trained)
-            yield self.delivery(cid, server_round, result, down)
+            yield self.delivery(cid, server_round, result, down, check)
 
     def fit_stacked(
         self, server: Records, server_round: int, clients: list[int]
@@ -233,13 +244,18 @@ class InProcessTransport:
             results = fit_stacked(self.prepared, server, group, server_round, states)
             for cid, (result, down, trained) in zip(group, results, strict=True):
                 self.keep(cid, result, trained)
-                yield self.delivery(cid, server_round, result, down)
+                yield self.delivery(cid, server_round, result, down, checked(result.reply))
 
-    def delivery(self, client: int, server_round: int, result: FitResult, down: int) -> Delivery:
-        """A client's reply with its example count, and the bytes each way."""
+    def delivery(
+        self, client: int, server_round: int, result: FitResult, down: int, check: Checked
+    ) -> Delivery:
+        """A client's reply with its example count, the bytes each way, and its non-finite
+        check (timed where it ran: its share of the wall clock is that time over the
+        processes checking in parallel)."""
         examples = len(self.prepared.client_data(client, server_round).train_y)
         reply = Reply(client, result.reply, result.metrics, float(examples))
-        return Delivery(reply, down, nbytes(result.reply))
+        share = Checked(check.bad, check.wall_s / self.workers)
+        return Delivery(reply, down, nbytes(result.reply), share)
 
     def keep(self, client: int, result: FitResult, trained: Arrays | None) -> None:
         """What the runtime keeps of a client's `fit`: its state, and its trained model."""
@@ -295,4 +311,5 @@ class PooledTransport(InProcessTransport):
         result, _, trained = fit_and_count(p, server, POOL, server_round, state, self.data)
         self.keep(POOL, result, trained)
         examples = float(len(self.data.train_y))
-        yield Delivery(Reply(POOL, result.reply, result.metrics, examples), 0, 0)
+        reply = Reply(POOL, result.reply, result.metrics, examples)
+        yield Delivery(reply, 0, 0, checked(result.reply))

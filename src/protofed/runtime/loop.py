@@ -19,14 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from typing import Protocol
 
-import torch
-
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
 from protofed.core.seeding import poisson_clients, sample_clients
-from protofed.core.types import Arrays, Delivery, Records, Reply, check_result
+from protofed.core.types import Arrays, Checked, Delivery, Records, Reply, check_result
 from protofed.privacy import Private
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
+from protofed.runtime.guard import nonfinite
 from protofed.runtime.keep import keep, keeps
 from protofed.runtime.prepare import Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
@@ -37,37 +36,6 @@ log = logging.getLogger("protofed")
 
 class Diverged(Exception):
     """A reply or the server state holds NaN or infinity: the run cannot go on."""
-
-
-def finite_total(arrays: Arrays) -> bool:
-    """Whether the sum of every floating array is finite: one reduction per array (in float32
-    at least, so that half-precision arrays do not overflow) and one host sync in all."""
-    sums = [
-        t.sum(dtype=torch.promote_types(t.dtype, torch.float32))
-        for t in arrays.values()
-        if t.is_floating_point() and t.numel()
-    ]
-    if not sums:
-        return True
-    device = sums[0].device
-    return math.isfinite(float(torch.stack([s.to(device) for s in sums]).sum()))
-
-
-def nonfinite(records: Records) -> str | None:
-    """The name of the first floating array holding NaN or infinity, or None.
-
-    Proportionate: NaN and infinity propagate through a sum, so a record whose total is finite
-    is clean and costs one sum per array; only a record whose total is not finite is scanned
-    element by element, to name its first bad array. A total can also overflow from finite
-    values; the scan then finds nothing, and the record passes, as it should.
-    """
-    for record, arrays in records.items():
-        if finite_total(arrays):
-            continue
-        for name, tensor in arrays.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                return f"{record}/{name}"
-    return None
 
 
 CHECKPOINT_SHARE = 0.02
@@ -232,10 +200,12 @@ class RoundLoop:
             picked = sample_clients(seed, server_round, population, self.per_round())
         return [self.population[i] for i in picked]
 
-    def accepts(self, reply: Reply, server_round: int) -> bool:
-        """The guard: whether `reply`'s records and metrics are finite. A reply that is not
-        stops the run (`Diverged`), or is left out and counted (`train.on_nonfinite=drop`)."""
-        bad = nonfinite(reply.records)
+    def accepts(self, reply: Reply, server_round: int, check: Checked | None = None) -> bool:
+        """The guard: whether `reply`'s records and metrics are finite (the records' verdict
+        is `check`'s where the transport checked them where they were made). A reply that
+        is not stops the run (`Diverged`), or is left out and counted
+        (`train.on_nonfinite=drop`)."""
+        bad = nonfinite(reply.records) if check is None else check.bad
         if bad is None and not all(map(math.isfinite, reply.metrics.values())):
             bad = "its metrics"
         if bad is None:
@@ -252,8 +222,9 @@ class RoundLoop:
     def run_round(self, server_round: int) -> RoundInfo:
         """One round. Its time in this process, split: waiting for and receiving the replies
         (`train_s`; with workers they train meanwhile, also while this process aggregates),
-        the guard's checks (`guard_s`) and the rest, the algorithm's `aggregate`
-        (`aggregate_s`); the replies are a lazy stream that `aggregate` consumes."""
+        the guard's checks (`guard_s`: of the replies, where they were made, at their share
+        of the wall clock, and of the new server state here) and the rest, the algorithm's
+        `aggregate` (`aggregate_s`); the replies are a lazy stream that `aggregate` consumes."""
         clients = self.sample(server_round)
         timer = {"train": 0.0, "guard": 0.0}
         losses: list[tuple[float, float]] = []
@@ -261,13 +232,16 @@ class RoundLoop:
         def replies() -> Iterator[Reply]:
             accepted = 0
             t0 = time.perf_counter()
-            for reply, down, up in self.transport.fit(self.server, server_round, clients):
+            for reply, down, up, check in self.transport.fit(self.server, server_round, clients):
                 received = time.perf_counter()
                 timer["train"] += received - t0
+                if check is not None:  # checked where it was made, within that wait
+                    timer["train"] -= check.wall_s
+                    timer["guard"] += check.wall_s
                 self.progress.down_bytes += down
                 self.progress.up_bytes += up
                 self.progress.client_updates += 1
-                finite = self.accepts(reply, server_round)
+                finite = self.accepts(reply, server_round, check)
                 t0 = time.perf_counter()
                 timer["guard"] += t0 - received
                 if not finite:
