@@ -1,5 +1,5 @@
 """`python -m protofed ...`: the CLI without the installed entry point (e.g. PYTHONPATH=src)."""
 
-from protofed.cli import app
+from protofed.cli import main
 
-app(prog_name="protofed")
+main()

@@ -21,12 +21,18 @@ GRACE_S, GIVE_UP_S = 0.5, 2.0
 
 SESSION = """
 import subprocess, sys, time
+from protofed.core.process import claim_for_cli
 from protofed.flower import session
+if {cli}:
+    claim_for_cli()
 session.STOP_GRACE_S, session.GIVE_UP_S = {grace}, {give_up}
 session.signal.signal(session.signal.SIGINT, session.request_stop)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-print(child.pid, flush=True)
+sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # our pipes close with us
+before = subprocess.Popen(sleep, **quiet)  # not the session's: never killed by it
 with session.StopDeadline() as deadline:
+    child = subprocess.Popen(sleep, **quiet)
+    print(child.pid, before.pid, flush=True)
     try:
         with deadline.running():
             while not ({behaviour} == "stops" and session.STOP.is_set()):
@@ -41,13 +47,15 @@ with session.StopDeadline() as deadline:
     child.kill()
     child.wait()
 time.sleep(1.5)  # long after the session: the deadline must not act any more
-print("went on", flush=True)
+print("went on", before.poll() is None, flush=True)
+before.kill()
 """
 
 
-def _session(behaviour: str) -> tuple[subprocess.Popen, int]:
-    """The session in its own process, once it runs: (it, its child's PID)."""
-    code = SESSION.format(grace=GRACE_S, give_up=GIVE_UP_S, behaviour=repr(behaviour))
+def _session(behaviour: str, cli: bool = True) -> tuple[subprocess.Popen, int]:
+    """The session in its own process, once it runs: (it, its child's PID); `cli`: the
+    process is protofed's command line's (else a caller's, as under the Python API)."""
+    code = SESSION.format(grace=GRACE_S, give_up=GIVE_UP_S, behaviour=repr(behaviour), cli=cli)
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,
@@ -56,8 +64,9 @@ def _session(behaviour: str) -> tuple[subprocess.Popen, int]:
         env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"},
     )
     assert proc.stdout is not None
-    child = int(proc.stdout.readline())
+    child, before = map(int, proc.stdout.readline().split())
     time.sleep(0.3)  # in the loop
+    proc.before = before  # type: ignore[attr-defined]
     return proc, child
 
 
@@ -86,7 +95,7 @@ def test_a_session_that_stops_is_left_alone_one_that_does_not_is_interrupted(
     proc, child = _session(behaviour)
     code, took, out, err = _interrupt(proc)
     assert code == 0, err
-    assert out.split() == [*said.split(), "went", "on"], out
+    assert out.split() == [*said.split(), "went", "on", "True"], out
     assert within[0] <= took < within[1], took
     assert err.strip() == "stopping the Flower session (again: stop at once)", err
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
@@ -98,9 +107,27 @@ def test_a_session_stuck_after_the_interrupt_is_killed_by_pid_and_exits_130():
     assert code == 130, (out, err)
     assert GIVE_UP_S <= took < GIVE_UP_S + 1.5, took
     assert "went on" not in out
+    left = psutil.Process(proc.before)  # it was there before the session: left alone
+    assert left.status() != "zombie"
+    left.kill()
     lines = err.strip().splitlines()
     assert lines[0] == "stopping the Flower session (again: stop at once)", err
     assert len(lines) == 2 and lines[1].startswith(
         "interrupted: Flower's simulation did not stop within 2 s, so its processes were killed"
     ), err
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+def test_under_the_python_api_a_stuck_session_kills_its_processes_but_not_the_caller():
+    """In a process protofed's command line does not own (a notebook's kernel), giving up
+    kills only what the session started: the caller's own child and the caller go on."""
+    proc, child = _session("stuck", cli=False)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(GIVE_UP_S + 0.8)
+    assert proc.poll() is None  # the caller's process is not ended
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    assert psutil.Process(proc.before).status() != "zombie"
+    proc.kill()
+    _, err = proc.communicate(timeout=30)
+    psutil.Process(proc.before).kill()
+    assert "its processes were killed" in err, err

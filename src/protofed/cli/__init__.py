@@ -14,6 +14,7 @@ import typer
 
 from protofed.cli import catalog, data, figures, flower, report, run, sweep
 from protofed.cli.common import app, console
+from protofed.core.process import claim_for_cli
 
 
 def _print_version(value: bool) -> None:
@@ -51,4 +52,6 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:  # pragma: no cover - entry point
-    app()
+    """`protofed` (and `python -m protofed`): the command line owns this process."""
+    claim_for_cli()
+    app(prog_name="protofed")

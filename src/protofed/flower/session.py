@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from protofed.config import FlowerConfig
+from protofed.core.process import cli_owns_process
 from protofed.flower.transport import STOP
 
 FLOWER_ENV = {
@@ -145,8 +146,9 @@ class StopDeadline:
     then has `STOP_GRACE_S` to stop cleanly, then the main thread is interrupted as by a
     second signal (`request_stop`, Flower's own path, tests/test_reliability.py); if the
     session has still not ended `GIVE_UP_S` after the signal (the main thread stuck in
-    Ray's shutdown on a loaded machine), every process it started is killed by PID and
-    this process exits with 130 after one line. Watches in the main thread's sessions only,
+    Ray's shutdown on a loaded machine), every process it started is killed by PID, one
+    line says so, and under protofed's command line this process exits with 130 (under
+    the Python API it is the caller's, and goes on: `core/process.py`). Watches in the main thread's sessions only,
     where `request_stop` handles the signals. `running()` wraps the simulation; leaving the
     `with` block marks the session's end, once its processes were ended.
     """
@@ -158,8 +160,10 @@ class StopDeadline:
         self._lock = threading.Lock()
         self._inside = False  # the main thread is in the simulation: an interrupt lands there
         self._thread = threading.Thread(target=self._watch, name="stop-deadline", daemon=True)
+        self._before: set[int] = set()  # the processes that were there before the session
 
     def __enter__(self) -> StopDeadline:
+        self._before = {p.pid for p in psutil.Process().children(recursive=True)}
         if threading.current_thread() is threading.main_thread():  # where signals are handled
             self._thread.start()
         return self
@@ -198,9 +202,15 @@ class StopDeadline:
         self._give_up()
 
     def _give_up(self) -> None:
-        """Kill what the session started, say so in one line, and exit with 130."""
+        """Kill what the session started (never a process that was there before it), say so
+        in one line, and, where protofed's command line owns the process, exit with 130;
+        under the Python API the caller's process goes on (`core/process.py`)."""
         AT_ONCE[0] = True  # Flower's threads log nothing more
-        started = [p for p in psutil.Process().children(recursive=True) if p.pid != self.spared]
+        started = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid != self.spared and p.pid not in self._before
+        ]
         for process in started:  # SIGKILL is final: no wait (3.4 s under load, measured)
             with contextlib.suppress(psutil.Error):
                 process.kill()
@@ -211,7 +221,8 @@ class StopDeadline:
                 "its processes were killed; a Flower run cannot resume; start it again with "
                 "--force\n".encode(),
             )
-        os._exit(130)  # the CLI's exit code for an interrupted run (docs/reliability.md)
+        if cli_owns_process():
+            os._exit(130)  # the CLI's exit code for an interrupted run (docs/reliability.md)
 
 
 def _take_pending_signals() -> None:
