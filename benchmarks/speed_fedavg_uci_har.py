@@ -35,6 +35,7 @@ CONFIGS = {
         "data.channels=all",
         "train.batch_size=10",
         "train.lr=0.005",
+        "train.momentum=0",  # PFLlib's torch.optim.SGD(lr): no momentum
         "data.predefined_split=true",
         "data.split=[0.75,0,0.25]",  # PFLlib's 75/25 per subject
     ],

@@ -42,6 +42,7 @@ WORKS = {
             "data.predefined_split=true",
             "data.split=[0.75,0,0.25]",
             "train.optimizer=sgd",
+            "train.momentum=0",  # PFLlib's plain SGD (UCI-HAR's data-set default is 0.9)
             "train.lr=0.005",
             "train.batch_size=10",
             "train.local_epochs=1",
