@@ -9,6 +9,7 @@ clients share. They live here once, on torch tensors; clustering goes through sc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -32,16 +33,23 @@ def class_means(
 
 
 @torch.no_grad()
-def embed(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+def embed(
+    model: torch.nn.Module, x: torch.Tensor, batch_size: int = 512, pooled: bool = False
+) -> torch.Tensor:
     """`model.features(x)` (N, D), in eval mode, batch by batch, detached.
 
     The raw embeddings, for methods that need more than the class means (FedPAC's feature
-    variance, FedNH's normalised means, FedHome's synthetic samples).
+    variance, FedNH's normalised means, FedHome's synthetic samples). `pooled`: the
+    features' `pooled` output instead, where they have one (HART's encoder output before
+    its embedding layer, for figures).
     """
     was_training = model.training
     model.eval()
     try:
-        features = model.get_submodule("features")
+        module = model.get_submodule("features")
+        features: Callable[[torch.Tensor], torch.Tensor] = (
+            getattr(module, "pooled") if pooled else module  # noqa: B009 (a method, or none)
+        )
         chunks = [features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     finally:
         model.train(was_training)

@@ -324,6 +324,25 @@ def test_embed_other_data_draws_one_user_of_another_har_set(tmp_path, shared_dat
     result = runner.invoke(app, ["embed", str(out), "--other-data", "hhar", *data])
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--other-data" in text, text
+    result = runner.invoke(app, ["embed", str(out), "--pooled", *data])  # cnn1d: none
+    text = (result.stderr or result.output).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1 and "--pooled" in text, text
+
+
+def test_hart_pooled_output_is_the_encoder_before_its_embedding_layer():
+    """FedAli's Figs. 4-5 map HART's 192-d pooled encoder output (the official code's), the
+    input of the 1024-unit embedding layer that `features` ends with."""
+    from protofed.config import ModelConfig
+    from protofed.models import build_model
+    from protofed.prototypes import embed
+
+    model = build_model(ModelConfig(name="hart"), (3, 128), 6)
+    x = torch.randn(5, 3, 128, generator=torch.Generator().manual_seed(0))
+    pooled = embed(model, x, batch_size=2, pooled=True)
+    assert pooled.shape == (5, 192)
+    f = model.features
+    expected = f.dropout.eval()(f.embed_activation(f.embed(pooled)))
+    torch.testing.assert_close(embed(model, x), expected)
 
 
 def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):

@@ -89,6 +89,14 @@ def embed(
             help="Each client's own model on its own training data (FedAli's Fig. 5).",
         ),
     ] = False,
+    pooled: Annotated[
+        bool,
+        typer.Option(
+            "--pooled",
+            help="The encoder's pooled output before the embedding layer (hart: 192-d, where "
+            "FedAli's official code draws Figs. 4-5), instead of the embedding.",
+        ),
+    ] = False,
     prototypes: Annotated[
         bool,
         typer.Option("--prototypes", help="t-SNE of the prototypes the run kept, instead."),
@@ -128,6 +136,7 @@ def embed(
                 other_data=other_data,
                 pick=with_clients,
                 own_models=own_models,
+                pooled=pooled,
             )
             fig = draw_embedding(m, style=chosen, title=title)
             default = f"embed_client{client}" + ("_own_models" if own_models else "")

@@ -237,9 +237,13 @@ class HartFeatures(nn.Module):
             h = block(h)
         return self.norm(h)
 
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's output averaged over tokens (B, d = 192), before the embedding
+        layer: the representation FedAli's official code maps in its Figs. 4-5."""
+        return self.encode(self.embed_patches(self.patches(x))).mean(dim=1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.encode(self.embed_patches(self.patches(x))).mean(dim=1)
-        return self.dropout(self.embed_activation(self.embed(h)))
+        return self.dropout(self.embed_activation(self.embed(self.pooled(x))))
 
 
 class HART(FedModel):

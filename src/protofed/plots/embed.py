@@ -196,13 +196,16 @@ def embedding_map(
     other_data: str | None = None,
     pick: list[int] | None = None,
     own_models: bool = False,
+    pooled: bool = False,
 ) -> EmbeddingMap:
     """Client `client`'s personalized embeddings of its own test data and of `others` other
     clients' test data (those of `pick` if given), or (`other_data`) of one user's windows of
     another HAR data set, mapped by t-SNE. FedAli's Fig. 4 is either, in a federation spanning
     two sets (`data.name=har_combined`) the first: an HHAR client's model on a client of the
     other set. With `own_models` (its Fig. 5) every client's model embeds its own training
-    data instead, all in one map: do the clients' models put a class in one region?"""
+    data instead, all in one map: do the clients' models put a class in one region?
+    `pooled`: the encoder's pooled output before the embedding layer (HART's 192
+    dimensions, where FedAli's official code draws these figures) instead of the embedding."""
     import torch
 
     from protofed.prototypes import embed
@@ -210,6 +213,10 @@ def embedding_map(
     run = run if isinstance(run, Run) else Run(run)
     seed = run.config.seed
     model = run.client_model(client)  # checks the client id and the checkpoint first
+    if pooled and not hasattr(model.get_submodule("features"), "pooled"):
+        raise ConfigError(
+            f"--pooled: model {run.config.model.name} has no pooled encoder output (hart has)"
+        )
     fed = federation(run, data_dir)
     if others < 0:
         raise ConfigError(f"--other must be >= 0, got {others}")
@@ -245,7 +252,9 @@ def embedding_map(
         others_said, other_label = f"{names}'s", names
     else:
         others_said, other_label = f"{len(parts) - 1} other clients'", "other clients"
-    points = np.concatenate([embed(by, x.to(device)).cpu().numpy() for x, _, _, by in parts])
+    points = np.concatenate(
+        [embed(by, x.to(device), pooled=pooled).cpu().numpy() for x, _, _, by in parts]
+    )
     labels = np.concatenate([y for _, y, _, _ in parts])
     own = np.concatenate([np.full(len(y), mine) for _, y, mine, _ in parts])
     agreement = nearest_own_agreement(points, labels, own)
@@ -258,7 +267,8 @@ def embedding_map(
     else:
         title = (
             f"{run.config.algorithm.name} on {fed.dataset}: {fed.clients[client].name}'s "
-            f"personalized embeddings\nof its own test data ({int(own.sum())} points) and "
+            f"personalized {'pooled encoder outputs' if pooled else 'embeddings'}\nof its own "
+            f"test data ({int(own.sum())} points) and "
             f"{others_said} data ({int((~own).sum())})"
         )
     if np.isfinite(agreement):
