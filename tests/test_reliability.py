@@ -753,6 +753,22 @@ def test_a_checkpoint_written_before_checksums_still_resumes(tmp_path):
     assert resume(run).run().status == "complete"
 
 
+def test_a_checkpoint_of_the_first_checksummed_version_is_not_called_damaged(tmp_path):
+    """That version digested the fingerprint too; its checkpoints resume, and a flipped bit
+    in one is still damage."""
+    from protofed.core.files import tensors_digest
+
+    run = _killed_run(tmp_path / "run", 2)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    ckpt.pop("sha256")
+    ckpt["sha256"] = tensors_digest(ckpt)
+    torch.save(ckpt, run / "checkpoint.pt")
+    load_run(run).client_model(0)  # no error
+    _flip_a_tensor_bit(run / "checkpoint.pt", 3)
+    with pytest.raises(ConfigError, match="damaged"):
+        load_run(run).client_model(0)
+
+
 def _flip_a_safetensors_bit(path: Path, bit: int) -> str:
     """Flip `bit` of the first value of the file's first float32 tensor; its name."""
     data = bytearray(path.read_bytes())
