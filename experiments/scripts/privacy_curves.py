@@ -1,12 +1,14 @@
 """The privacy-utility figure and table of experiments/results/privacy.md.
 
-Reads the runs of experiments/sweeps/privacy_uci_har.yaml and draws, per method, the final
+Reads the runs of experiments/sweeps/privacy_uci_har.yaml (and of privacy_uci_har_fedali.yaml,
+FedAli in a setting that fits the CPU, where given) and draws, per method, the final
 round's personalization and generalization F1 against epsilon (inf: privacy off), mean and
 sample std over seeds. A run that diverged (NaN weights) scores nothing, even where an
 earlier round was scored: the table says how many of a point's runs finished, and the figure
 leaves the point out.
 
-    python experiments/scripts/privacy_curves.py runs/privacy --out experiments/results/figures/privacy_uci_har
+    python experiments/scripts/privacy_curves.py runs/privacy runs/privacy_fedali \
+        --out experiments/results/figures/privacy_uci_har
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ NAMES = {
     "fedproto:head": "FedProto, own head",
     "pfpl": "PFPL",
     "fedala": "FedALA",
+    "fedali": "FedAli (small banks)",
 }
 EPSILONS = [1.0, 2.0, 4.0, 8.0, math.inf]
 
@@ -45,8 +48,8 @@ def point(run: Path) -> tuple[str, float, int]:
     return method, target, int(config["seed"])
 
 
-def table(folder: Path) -> dict[tuple[str, float], dict]:
-    rows = collect([folder], which="final", skipped=[])
+def table(folders: list[Path]) -> dict[tuple[str, float], dict]:
+    rows = collect(folders, which="final", skipped=[])
     scored: dict[tuple[str, float], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         run = Path(row["path"])
@@ -57,7 +60,7 @@ def table(folder: Path) -> dict[tuple[str, float], dict]:
             if row.get(key) is not None:
                 scored[method, epsilon][key].append(row[key])
     runs: dict[tuple[str, float], int] = defaultdict(int)
-    for run in folder.iterdir():
+    for run in (run for folder in folders for run in folder.iterdir()):
         if (run / "summary.json").exists():
             method, epsilon, _ = point(run)
             runs[method, epsilon] += 1
@@ -97,10 +100,10 @@ def draw(stats: dict, prefix: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True, help="figure prefix (.png and .pdf)")
     args = parser.parse_args()
-    stats = table(args.folder)
+    stats = table(args.folders)
     print("| method | epsilon | runs finished / run | pers F1 | gen F1 |")
     print("|---|---|---|---|---|")
     for method, name in NAMES.items():
