@@ -576,3 +576,27 @@ def test_an_algorithm_that_breaks_the_checkpoint_contract_fails_in_its_first_rou
             loop.run()
     finally:
         ALGORITHMS.pop("drops_a_record")
+
+
+def _threads(_inherited: object) -> int:
+    return torch.get_num_threads()
+
+
+def test_the_parent_runs_one_thread_while_a_map_is_open_and_gets_its_own_back():
+    """While workers train, a second OpenMP thread in the parent only takes their cycles; the
+    parent's count comes back when the last open map ends, however maps interleave."""
+    from protofed.runtime.parallel import WorkerPool
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    pool = WorkerPool(None, 2)
+    try:
+        first = pool.map(_square_after, [(1, 0.0), (2, 0.0)])
+        assert next(first) == 1 and torch.get_num_threads() == 1
+        second = pool.map(_threads, [(), ()])
+        assert next(second) == 1  # the workers' own: single-threaded
+        assert list(first) == [4] and torch.get_num_threads() == 1  # `second` is still open
+        assert list(second) == [1] and torch.get_num_threads() == 2
+    finally:
+        pool.close()
+        torch.set_num_threads(before)

@@ -148,8 +148,8 @@ class StopDeadline:
     session has still not ended `GIVE_UP_S` after the signal (the main thread stuck in
     Ray's shutdown on a loaded machine), every process it started is killed by PID, one
     line says so, and under protofed's command line this process exits with 130 (under
-    the Python API it is the caller's, and goes on: `core/process.py`). Watches in the main thread's sessions only,
-    where `request_stop` handles the signals. `running()` wraps the simulation; leaving the
+    the Python API it is the caller's, and goes on: `core/process.py`). Watches in the
+    main thread's sessions only, where `request_stop` handles the signals. `running()` wraps the simulation; leaving the
     `with` block marks the session's end, once its processes were ended.
     """
 

@@ -180,6 +180,8 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._idle = list(range(workers))
         self._stale: set[int] = set()  # workers still busy with an abandoned map's task
+        self._open_maps = 0  # maps not yet exhausted or closed (see `map`: threads)
+        self._threads = 0  # this process's torch threads before the first of them opened
 
     def map(self, function: Callable[..., Any], tasks: Iterable[tuple]) -> Iterator[Any]:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
@@ -200,8 +202,10 @@ class WorkerPool:
         busy: dict[int, int] = {}  # worker -> index of its task
         done: dict[int, tuple[bool, Any, str]] = {}
         sent = returned = 0
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # while the workers train (see `map`)
+        if self._open_maps == 0:  # while the workers train (see `map`)
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        self._open_maps += 1
         try:
             while returned < len(tasks):
                 while self._idle and sent < len(tasks):  # work first: no worker waits on us
@@ -223,7 +227,9 @@ class WorkerPool:
                     else:
                         done[busy.pop(worker)] = reply
         finally:
-            torch.set_num_threads(threads)
+            self._open_maps -= 1
+            if self._open_maps == 0:
+                torch.set_num_threads(self._threads)
             self._stale.update(busy)  # their replies are read, and dropped, by a later map
 
     def _send(self, worker: int, task: tuple, busy: dict[int, int], index: int) -> None:
