@@ -194,7 +194,7 @@ class WorkerPool:
         replies) this process runs torch on one thread: the workers already hold every
         core, and a second OpenMP thread here spun in its wait between the aggregation's
         small operations, taking cycles from them (FedAvg's round on PFLlib's HAR work,
-        2 workers, 2 cores: 6-8 % faster, docs/benchmarks.md).
+        2 workers, 2 cores: 5-12 % faster, docs/benchmarks.md).
         """
         return self._replies(function, list(tasks))
 
