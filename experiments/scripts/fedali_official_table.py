@@ -72,7 +72,15 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="the sweep's folder for one data set")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    got = {(n, s): scores(args.folder / f"{n}_s{s}") for n in RUNS for s in args.seeds}
+    done = {
+        (n, s)
+        for n in RUNS
+        for s in args.seeds
+        if (args.folder / f"{n}_s{s}" / "summary.json").is_file()
+    }
+    # a run whose seeds are not all finished is left out, and every pair it is in
+    names = [n for n in RUNS if all((n, s) in done for s in args.seeds)]
+    got = {(n, s): scores(args.folder / f"{n}_s{s}") for n in names for s in args.seeds}
 
     def cells(name: str, key: str) -> str:
         values = [got[name, s][key] for s in args.seeds]
@@ -83,7 +91,7 @@ def main() -> None:
         "| gen. val (round) |"
     )
     print("|---|---|---|---|---|---|")
-    for name, label in RUNS.items():
+    for name, label in ((n, RUNS[n]) for n in names):
         val = " / ".join(
             f"{got[name, s]['gen_val']:.2f} ({got[name, s]['val_round']})" for s in args.seeds
         )
@@ -96,6 +104,8 @@ def main() -> None:
     print("| pair | best-test rule | validation selection | final round |")
     print("|---|---|---|---|")
     for label, (a, b) in PAIRS.items():
+        if a not in names or b not in names:
+            continue
         row = []
         for key in ("gen", "gen_val", "gen_final"):
             diffs = [got[a, s][key] - got[b, s][key] for s in args.seeds]
