@@ -48,7 +48,7 @@ def embed(
     try:
         module = model.get_submodule("features")
         features: Callable[[torch.Tensor], torch.Tensor] = (
-            getattr(module, "pooled") if pooled else module  # noqa: B009 (a method, or none)
+            getattr(module, "pooled") if pooled else module  # noqa: B009 (nn.Module types it as a tensor)
         )
         chunks = [features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     finally:
