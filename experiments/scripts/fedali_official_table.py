@@ -7,6 +7,9 @@ and under validation selection (with its round), then the paired differences by 
 generalization F1 under both rules and at the final round (the same round for both runs).
 
     python experiments/scripts/fedali_official_table.py runs/fedali_official/hhar --seeds 0 1 2
+
+`--up-to R` reads only the rounds up to R, so runs stopped at different rounds (the GPU
+campaign, fedali_official_gpu.yaml) compare on one budget; a run counts once it evaluated R.
 """
 
 from __future__ import annotations
@@ -45,10 +48,23 @@ PAIRS = {
 }
 
 
-def scores(run_dir: Path) -> dict[str, float]:
-    run = load_run(run_dir)
-    history = [RoundRecord.from_json(line) for line in run.dir.history()]
-    evaluated = [r for r in history if r.personalization is not None]
+def evaluated_rounds(run_dir: Path, up_to: int | None) -> list[RoundRecord]:
+    history = [RoundRecord.from_json(line) for line in load_run(run_dir).dir.history()]
+    return [
+        r for r in history if r.personalization is not None and (up_to is None or r.round <= up_to)
+    ]
+
+
+def finished(run_dir: Path, up_to: int | None) -> bool:
+    if up_to is None:
+        return (run_dir / "summary.json").is_file()
+    if not (run_dir / "metrics.jsonl").is_file():
+        return False
+    return any(r.round == up_to for r in evaluated_rounds(run_dir, up_to))
+
+
+def scores(run_dir: Path, up_to: int | None) -> dict[str, float]:
+    evaluated = evaluated_rounds(run_dir, up_to)
     best = select_round(evaluated, "best_test")
     best_global = select_global_round(evaluated, "best_test")
     val = select_round(evaluated, "val")
@@ -71,16 +87,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the sweep's folder for one data set")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--up-to", type=int, help="read only the rounds up to this one")
     args = parser.parse_args()
     done = {
-        (n, s)
-        for n in RUNS
-        for s in args.seeds
-        if (args.folder / f"{n}_s{s}" / "summary.json").is_file()
+        (n, s) for n in RUNS for s in args.seeds if finished(args.folder / f"{n}_s{s}", args.up_to)
     }
     # a run whose seeds are not all finished is left out, and every pair it is in
     names = [n for n in RUNS if all((n, s) in done for s in args.seeds)]
-    got = {(n, s): scores(args.folder / f"{n}_s{s}") for n in names for s in args.seeds}
+    got = {(n, s): scores(args.folder / f"{n}_s{s}", args.up_to) for n in names for s in args.seeds}
 
     def cells(name: str, key: str) -> str:
         values = [got[name, s][key] for s in args.seeds]
