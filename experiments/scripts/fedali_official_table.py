@@ -48,23 +48,23 @@ PAIRS = {
 }
 
 
-def evaluated_rounds(run_dir: Path, up_to: int | None) -> list[RoundRecord]:
+def evaluated_rounds(run_dir: Path, up_to: int | None) -> list[RoundRecord] | None:
+    """The run's evaluated rounds (up to `up_to`), or None while it has not finished that
+    budget: no summary yet, or no evaluation of round `up_to`."""
+    if up_to is None and not (run_dir / "summary.json").is_file():
+        return None
+    if not (run_dir / "metrics.jsonl").is_file():
+        return None
     history = [RoundRecord.from_json(line) for line in load_run(run_dir).dir.history()]
-    return [
+    evaluated = [
         r for r in history if r.personalization is not None and (up_to is None or r.round <= up_to)
     ]
+    if up_to is not None and not any(r.round == up_to for r in evaluated):
+        return None
+    return evaluated
 
 
-def finished(run_dir: Path, up_to: int | None) -> bool:
-    if up_to is None:
-        return (run_dir / "summary.json").is_file()
-    if not (run_dir / "metrics.jsonl").is_file():
-        return False
-    return any(r.round == up_to for r in evaluated_rounds(run_dir, up_to))
-
-
-def scores(run_dir: Path, up_to: int | None) -> dict[str, float]:
-    evaluated = evaluated_rounds(run_dir, up_to)
+def scores(evaluated: list[RoundRecord]) -> dict[str, float]:
     best = select_round(evaluated, "best_test")
     best_global = select_global_round(evaluated, "best_test")
     val = select_round(evaluated, "val")
@@ -89,12 +89,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--up-to", type=int, help="read only the rounds up to this one")
     args = parser.parse_args()
-    done = {
-        (n, s) for n in RUNS for s in args.seeds if finished(args.folder / f"{n}_s{s}", args.up_to)
+    read = {
+        (n, s): evaluated_rounds(args.folder / f"{n}_s{s}", args.up_to)
+        for n in RUNS
+        for s in args.seeds
     }
     # a run whose seeds are not all finished is left out, and every pair it is in
-    names = [n for n in RUNS if all((n, s) in done for s in args.seeds)]
-    got = {(n, s): scores(args.folder / f"{n}_s{s}", args.up_to) for n in names for s in args.seeds}
+    names = [n for n in RUNS if all(read[n, s] is not None for s in args.seeds)]
+    got = {key: scores(rounds) for key, rounds in read.items() if rounds and key[0] in names}
 
     def cells(name: str, key: str) -> str:
         values = [got[name, s][key] for s in args.seeds]
