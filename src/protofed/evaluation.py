@@ -375,17 +375,49 @@ class Evaluator:
         for key, pred in zip(group, preds, strict=True):
             r.predictions.setdefault(key, {})[spec] = pred
 
-    def _predict_elsewhere(self, predict_many: PredictMany, span: range, r: _Round) -> None:
+    def _predict_elsewhere(
+        self, predict_many: PredictMany, span: range, r: _Round, workers: int = 1
+    ) -> None:
         """Every model of the clients in `span` not yet predicted, and without a shared body,
-        predicts all its clients need through `predict_many`."""
+        predicts all its clients need through `predict_many`. With fewer such models than
+        `workers` (FedAvg's one global model), each spec is cut into pieces of whole batches
+        (`_pieces`), so every worker predicts and the batches, hence the predictions, are
+        those of the uncut spec."""
         jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
         for i in span:
             key, weights = r.keys[i], r.models[i]
             if r.shared[i] is None and key not in r.predictions and weights is not None:
                 jobs.setdefault(key, (weights, self._needs(i, r.counts[key] > 1)))
-        done = predict_many(list(jobs.values())) if jobs else []
-        for key, preds in zip(jobs, done, strict=True):
-            r.predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
+        if not jobs:
+            return
+        parts = -(-workers // len(jobs))  # pieces per model, so every worker has one
+        if parts == 1:
+            done = predict_many(list(jobs.values()))
+            for key, preds in zip(jobs, done, strict=True):
+                r.predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
+            return
+        tasks: list[tuple[Arrays, list[Spec]]] = []
+        owners: list[tuple[tuple, Spec]] = []  # each task's model and the spec it is a piece of
+        for key, (weights, specs) in jobs.items():
+            for spec in specs:
+                for piece in self._pieces(spec, parts):
+                    tasks.append((weights, [piece]))
+                    owners.append((key, spec))
+        pieces: dict[tuple[tuple, Spec], list[np.ndarray]] = {}
+        for owner, preds in zip(owners, predict_many(tasks), strict=True):
+            pieces.setdefault(owner, []).append(preds[0])
+        for (key, spec), parts_of_spec in pieces.items():
+            r.predictions.setdefault(key, {})[spec] = np.concatenate(parts_of_spec)
+
+    def _pieces(self, spec: Spec, parts: int) -> list[Spec]:
+        """`spec` cut into at most `parts` consecutive ranges of whole batches (of
+        `batch_size`, counted from the spec's start, as `predict_on` batches it)."""
+        split, lo, hi = spec
+        end = len(self._inputs(split)) if hi is None else hi
+        batches = -(-(end - lo) // self.batch_size)
+        parts = max(1, min(parts, batches))
+        cuts = [lo + (k * batches // parts) * self.batch_size for k in range(parts)] + [end]
+        return [(split, a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def _gen_scores(self, pred: np.ndarray) -> tuple[float, float]:
         """Generalization accuracy and macro-F1 of predictions on the sample (NaN if off)."""
@@ -431,6 +463,7 @@ class Evaluator:
         client_model: Callable[[int], Arrays],
         global_model: Arrays | None,
         predict_many: PredictMany | None = None,
+        workers: int = 1,
     ) -> RoundScores:
         """Scores for one round. `client_model(i)` gives client i's personalized weights.
 
@@ -438,12 +471,13 @@ class Evaluator:
         a body run it once per split here (`predict_on`), where its embeddings are. The
         others go to `predict_many` where given (e.g. a pool of processes: the clients' new
         models `PREDICT_CHUNK` clients at a time, `predict_many([(weights, specs), ...])`
-        giving each one's predictions in order, as `predict_on` would), else predict whole
-        splits `stacked_models` at a time (`predict_stacked`), else one by one. Then the
-        predictions are scored (`score`).
+        giving each one's predictions in order, as `predict_on` would; `workers`: how many
+        it runs at once), else predict whole splits `stacked_models` at a time
+        (`predict_stacked`), else one by one. Then the predictions are scored (`score`).
         """
         global_key = _fingerprint(global_model) if global_model is not None else None
-        predicted = self._predict_round(self._plan(client_model), global_key, predict_many)
+        plan = self._plan(client_model)
+        predicted = self._predict_round(plan, global_key, predict_many, workers)
         if global_model is not None and predicted.global_test is None:
             predicted.global_test = self.predict_on(global_model, "test")
         return self.score(predicted)
@@ -463,7 +497,11 @@ class Evaluator:
         return _Round(models, keys, shared, Counter(keys), {})
 
     def _predict_round(
-        self, r: _Round, global_key: tuple | None, predict_many: PredictMany | None
+        self,
+        r: _Round,
+        global_key: tuple | None,
+        predict_many: PredictMany | None,
+        workers: int = 1,
     ) -> _Predicted:
         """Every client's predictions on what it is scored on, each distinct model predicting
         once; predictions and embeddings are dropped once their last client is served."""
@@ -479,7 +517,8 @@ class Evaluator:
         self._embedded.clear()
         for i in range(n):
             if predict_many is not None and i % PREDICT_CHUNK == 0:
-                self._predict_elsewhere(predict_many, range(i, min(i + PREDICT_CHUNK, n)), r)
+                span = range(i, min(i + PREDICT_CHUNK, n))
+                self._predict_elsewhere(predict_many, span, r, workers)
             key, body = r.keys[i], r.shared[i]
             known, specs = self._predict_client(i, r)
             self._place(i, known, specs, out)

@@ -204,6 +204,34 @@ def test_worker_processes_give_the_serial_numbers(monkeypatch, algorithm, client
     assert (sum(in_workers) > 0) == (algorithm != "fedrep"), in_workers
 
 
+def test_one_model_is_scored_on_every_worker_in_whole_batches(monkeypatch):
+    """FedAvg's single model: its test union is cut into whole batches, one piece per worker,
+    and the scores are the serial ones to the last digit (the same batches)."""
+    from protofed.runtime import scoring
+
+    pieces: list[list] = []
+    real = scoring.predict_in
+
+    def recording(pool):
+        many = real(pool)
+        return lambda jobs: pieces.append([specs for _, specs in jobs]) or many(jobs)
+
+    monkeypatch.setattr(scoring, "predict_in", recording)
+    settings = ("train.threads=1", "train.rounds=2", "eval.batch_size=40")
+    serial = simulate(prepare(_cfg(*settings))).run()
+    parallel = simulate(prepare(_cfg(*settings, "train.workers=2"))).run()
+    assert _numbers(serial) == _numbers(parallel)
+    assert pieces  # every round's evaluation went to the workers
+    for call in pieces:
+        assert all(len(specs) == 1 for specs in call)  # a task: one piece of one spec
+        by_split: dict[str, list[tuple[int, int]]] = {}
+        for ((split, lo, hi),) in call:
+            by_split.setdefault(split, []).append((lo, hi))
+        test = by_split["test"]
+        assert len(test) == 2 and test[0][0] == 0 and test[0][1] == test[1][0]
+        assert test[0][1] % 40 == 0 and test[1][1] > test[1][0]
+
+
 @pytest.mark.parametrize(
     ("train", "omp", "cores", "clients", "expected"),
     [

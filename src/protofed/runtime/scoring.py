@@ -110,4 +110,5 @@ class ServerSideEvaluation:
             self.transport.client_models(server, server_round),
             self.prepared.algorithm.global_model(server),
             predict_many=many,
+            workers=pool.workers if many is not None and pool is not None else 1,
         )
