@@ -282,7 +282,11 @@ def exit_once_interrupted(grace_s: float = 3.0) -> None:
     forever, and the interpreter hung on its way out, joining the thread (4 times in 8
     with the signals 0.05 to 0.2 s apart during training). Everything the session started
     has been ended by then (`end_processes`), and the run's line printed: only the exit is
-    left. Called by `threading` before it joins the threads.
+    left. Under protofed's command line the process then always ends here: finalizing the
+    interpreter with Ray's and gRPC's native threads torn down mid-call crashed it once in a
+    suite run on a loaded machine (SIGSEGV, exit -11, after the run's line). Under the Python
+    API only when a thread is still stuck: the interpreter, and the caller's exit hooks, are
+    theirs. Called by `threading` before it joins the threads.
     """
     if SIGNALLED[0] or AT_ONCE[0]:
         gc.freeze()
@@ -292,7 +296,8 @@ def exit_once_interrupted(grace_s: float = 3.0) -> None:
     left = [t for t in threading.enumerate() if t is not threading.current_thread()]
     for thread in (t for t in left if not t.daemon):
         thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() and not t.daemon for t in left):
+    if cli_owns_process() or any(t.is_alive() and not t.daemon for t in left):
+        logging.shutdown()  # the log files' last lines, as the interpreter's exit would
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
