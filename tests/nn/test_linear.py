@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,3 +78,30 @@ def test_matmul_nt_is_a_times_b_transposed(threads, kernel):
         torch.testing.assert_close(w.grad, a.sum(0).expand_as(w).contiguous(), rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("forced", "capability", "vendor", "wins"),
+    [
+        ("", "AVX512", "AuthenticAMD", True),  # MKL takes generic paths on AMD: oneDNN
+        ("", "AVX512", "GenuineIntel", False),  # MKL's own CPU: MKL
+        ("", "AVX2", "AuthenticAMD", False),
+        ("", "AVX512", "", True),  # vendor unknown: the AVX-512 rule alone
+        ("1", "AVX2", "GenuineIntel", True),  # PROTOFED_ONEDNN forces either way
+        ("0", "AVX512", "AuthenticAMD", False),
+    ],
+)
+def test_onednn_is_chosen_by_vendor_and_capability(monkeypatch, forced, capability, vendor, wins):
+    monkeypatch.setenv("PROTOFED_ONEDNN", forced)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(linear, "cpu_vendor", lambda: vendor)
+    assert linear._onednn_wins_here() == wins
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="Linux's /proc/cpuinfo")
+def test_the_cpu_vendor_is_read_from_linux():
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+        expected = next(
+            (line.partition(":")[2].strip() for line in info if line.startswith("vendor_id")), ""
+        )
+    assert linear.cpu_vendor() == expected

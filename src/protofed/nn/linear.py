@@ -1,11 +1,13 @@
 """`Linear`: nn.Linear with oneDNN's kernels on single-threaded CPU training, where they win.
 
-Federated clients train on small batches, so a layer's products are skinny; on CPUs with
-AVX-512 oneDNN's kernels run them faster than MKL's (measured faster than torch.nn.Linear
-single-threaded there, slower on AVX2: see docs/speed.md). So oneDNN is used only
-single-threaded (worker processes train with one thread each), on float32 CPU operands
-outside autocast, where torch reports AVX-512 (`PROTOFED_ONEDNN=1` or `=0` forces either);
-everywhere else this is exactly nn.Linear. Both agree with F.linear to fp32 rounding.
+Federated clients train on small batches, so a layer's products are skinny, and which library
+runs them fastest depends on the CPU: on an AMD CPU with AVX-512 oneDNN's kernels beat MKL's
+(MKL, Intel's library, takes generic code paths on AMD CPUs); on an AMD CPU with AVX2 and on
+an Intel CPU with AVX-512, MKL's win (docs/speed.md). So oneDNN is used only single-threaded
+(worker processes train with one thread each), on float32 CPU operands outside autocast, on
+a CPU that torch reports as AVX-512 and that is not Intel's (`PROTOFED_ONEDNN=1` or `=0`
+forces either); everywhere else this is exactly nn.Linear. Both agree with F.linear to fp32
+rounding.
 """
 
 from __future__ import annotations
@@ -23,11 +25,25 @@ POINTWISE: Callable[..., torch.Tensor] | None = getattr(
 )
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id (`GenuineIntel`, `AuthenticAMD`), or "" where Linux's
+    /proc/cpuinfo does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _onednn_wins_here() -> bool:
     forced = os.environ.get("PROTOFED_ONEDNN", "")
     if forced in ("0", "1"):
         return forced == "1"
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return avx512 and cpu_vendor() != "GenuineIntel"
 
 
 USE_ONEDNN = POINTWISE is not None and _onednn_wins_here()
