@@ -60,6 +60,24 @@ def distance(a: Arrays, b: Arrays) -> float:
     return math.sqrt(squares)
 
 
+def test_weighted_mean_of_large_tensors_is_the_whole_float64_sum_bit_for_bit() -> None:
+    """Tensors past the cast's chunk (and a ragged last chunk, a non-contiguous reply) give
+    exactly the float64 sum taken whole, then divided and cast back."""
+    n = 3 * (1 << 16) + 17
+    gen = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(n, generator=gen) * 10 ** float(i) for i in range(-2, 3)]
+    tensors[2] = torch.randn(2, n, generator=gen)[:, ::1][1]  # a view into a larger buffer
+    wide = torch.randn(n, 3, generator=gen).t()[0]  # strided: not contiguous
+    tensors.append(wide)
+    examples = [3.0, 17.0, 1.0, 250.0, 9.0, 41.0]
+    averaged, _ = weighted_mean(replies_of(*tensors, examples=examples))
+    whole = torch.zeros(n, dtype=torch.float64)
+    for t, w in zip(tensors, examples, strict=True):
+        whole += t.to(torch.float64) * w
+    expected = (whole / sum(examples)).to(torch.float32)
+    assert torch.equal(averaged[MODEL]["w"], expected)
+
+
 # the rules on small tensors ---------------------------------------------------------------
 @pytest.mark.parametrize("n", [5, 6])
 def test_coordinate_median_is_numpys(n: int) -> None:
