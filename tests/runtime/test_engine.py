@@ -410,6 +410,53 @@ def test_a_workers_exception_keeps_its_type_and_the_pool_goes_on():
         pool.close()
 
 
+_UNPICKLED = [0]  # in each worker: how many `Factor`s it has unpickled
+
+
+def _rebuild_factor(value: int) -> Factor:
+    _UNPICKLED[0] += 1
+    return Factor(value)
+
+
+class Factor:
+    """A shared value that counts, where it is unpickled, how often it crossed."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return _rebuild_factor, (self.value,)
+
+
+def _shared_times(_inherited: object, shared: Factor, value: int) -> tuple[int, int]:
+    """The value times the map's shared factor, and how many factors this worker received."""
+    return value * shared.value, _UNPICKLED[0]
+
+
+def test_a_maps_shared_value_crosses_once_to_each_worker():
+    """`map(..., shared=...)`: the shared value reaches each worker once per map, a task
+    without one gets none, and a second map's value replaces the first's."""
+    from protofed.runtime.parallel import WorkerPool
+
+    pool = WorkerPool(None, 2)
+    try:
+        got = list(pool.map(_shared_times, [(i,) for i in range(8)], shared=Factor(3)))
+        assert [v for v, _ in got] == [3 * i for i in range(8)]
+        assert {crossed for _, crossed in got} <= {1}  # once to each worker, not per task
+        assert list(pool.map(_square_after, [(i, 0.0) for i in range(4)])) == [0, 1, 4, 9]
+        got = list(pool.map(_shared_times, [(i,) for i in range(6)], shared=Factor(5)))
+        assert [v for v, _ in got] == [5 * i for i in range(6)]
+        assert {crossed for _, crossed in got} <= {1, 2}
+        # an empty shared value is still one (a round's server state may be empty)
+        assert list(pool.map(_shared_len, [(1,), (2,)], shared={})) == [1, 2]
+    finally:
+        pool.close()
+
+
+def _shared_len(_inherited: object, shared: dict, value: int) -> int:
+    return len(shared) + value
+
+
 def test_a_map_that_finds_every_worker_taken_says_so():
     """Two maps open at once, the first holding both workers: an error, not a wait forever."""
     from protofed.runtime.parallel import WorkerPool

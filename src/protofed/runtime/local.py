@@ -225,11 +225,11 @@ class InProcessTransport:
             yield from self.fit_stacked(server, server_round, clients)
             return
         p = self.prepared
-        tasks = [(server, cid, server_round, self.state_of(cid)) for cid in clients]
+        tasks = [(cid, server_round, self.state_of(cid)) for cid in clients]
         if self.pool is not None:
-            results = self.pool.map(fit_and_check, tasks)
+            results = self.pool.map(fit_and_check, tasks, shared=server)
         else:
-            results = (fit_and_check(p, *task) for task in tasks)
+            results = (fit_and_check(p, server, *task) for task in tasks)
         for cid, (result, down, trained, check) in zip(clients, results, strict=True):
             self.keep(cid, result, trained)
             yield self.delivery(cid, server_round, result, down, check)

@@ -114,6 +114,7 @@ def _serve(connection: Connection, parent: int) -> None:
     """A worker's life: tasks in, `(ok, value, traceback)` out, until None or the parent
     hangs up."""
     _init_worker(parent)
+    held: tuple[Any, ...] = ()  # the open map's shared value, sent once (see `WorkerPool.map`)
     while True:
         try:
             task = connection.recv()
@@ -121,9 +122,13 @@ def _serve(connection: Connection, parent: int) -> None:
             return
         if task is None:
             return
-        function, args = task
+        function, args, shares, fresh, value = task
+        if fresh:
+            held = (value,)
+        elif not shares:
+            held = ()
         try:
-            reply = (True, function(_INHERITED, *args), "")
+            reply = (True, function(_INHERITED, *held, *args), "")
         except Exception as error:
             reply = (False, error, traceback.format_exc())
         try:
@@ -133,8 +138,9 @@ def _serve(connection: Connection, parent: int) -> None:
                 (False, RuntimeError(f"a worker's reply could not be sent: {error!r}"), "")
             )
         # waiting for the next task, hold neither this one nor its reply: their tensors are
-        # shared-memory segments (a model, the server's records) the parent has let go of
-        del task, function, args, reply
+        # shared-memory segments (a model) the parent has let go of. The map's shared value
+        # (a round's server state) stays until a task of another map replaces it.
+        del task, function, args, value, reply
 
 
 def _death(process: BaseProcess) -> str:
@@ -182,13 +188,21 @@ class WorkerPool:
         self._stale: set[int] = set()  # workers still busy with an abandoned map's task
         self._open_maps = 0  # maps not yet exhausted or closed (see `map`: threads)
         self._threads = 0  # this process's torch threads before the first of them opened
+        self._maps = 0  # maps opened so far: each map's shared value is known by its number
+        self._holding: dict[int, int] = {}  # worker -> the map whose shared value it holds
 
-    def map(self, function: Callable[..., Any], tasks: Iterable[tuple]) -> Iterator[Any]:
-        """`function(inherited, *args)` for each task's args, lazily, in the tasks' order.
+    def map(
+        self, function: Callable[..., Any], tasks: Iterable[tuple], shared: Any = None
+    ) -> Iterator[Any]:
+        """`function(inherited, *args)` for each task's args, lazily, in the tasks' order;
+        `function(inherited, shared, *args)` where `shared` is given.
 
         `function` must be a module-level function (it crosses to the workers by name). A
         worker gets its next task when its reply is read, before the caller sees the reply;
-        a task's exception is raised in the tasks' order, as `Pool.imap` did.
+        a task's exception is raised in the tasks' order, as `Pool.imap` did. `shared` (a
+        round's server state) crosses to each worker once per map, not with every task:
+        every tensor crossing costs its file descriptor's hand-over, ~5 ms per harcnn model
+        on a loaded machine, which each task paid before (docs/speed.md).
 
         While the map is open (the workers train, the caller checks and aggregates their
         replies) this process runs torch on one thread: the workers already hold every
@@ -196,9 +210,14 @@ class WorkerPool:
         small operations, taking cycles from them (FedAvg's round on PFLlib's HAR work,
         2 workers, 2 cores: 5-12 % faster, docs/benchmarks.md).
         """
-        return self._replies(function, list(tasks))
+        self._maps += 1
+        return self._replies(
+            function, list(tasks), (self._maps, shared) if shared is not None else None
+        )
 
-    def _replies(self, function: Callable[..., Any], tasks: list[tuple]) -> Iterator[Any]:
+    def _replies(
+        self, function: Callable[..., Any], tasks: list[tuple], shared: tuple[int, Any] | None
+    ) -> Iterator[Any]:
         busy: dict[int, int] = {}  # worker -> index of its task
         done: dict[int, tuple[bool, Any, str]] = {}
         sent = returned = 0
@@ -209,7 +228,7 @@ class WorkerPool:
         try:
             while returned < len(tasks):
                 while self._idle and sent < len(tasks):  # work first: no worker waits on us
-                    self._send(self._idle.pop(), (function, tasks[sent]), busy, sent)
+                    self._send(self._idle.pop(), function, tasks[sent], shared, busy, sent)
                     sent += 1
                 if returned in done:  # in the tasks' order, a task's error included
                     ok, value, trace = done.pop(returned)
@@ -232,14 +251,28 @@ class WorkerPool:
                 torch.set_num_threads(self._threads)
             self._stale.update(busy)  # their replies are read, and dropped, by a later map
 
-    def _send(self, worker: int, task: tuple, busy: dict[int, int], index: int) -> None:
-        try:
-            self._pipes[worker].send(task)  # pickled whole before a byte is written
+    def _send(
+        self,
+        worker: int,
+        function: Callable[..., Any],
+        args: tuple,
+        shared: tuple[int, Any] | None,
+        busy: dict[int, int],
+        index: int,
+    ) -> None:
+        fresh = shared is not None and self._holding.get(worker) != shared[0]
+        value = shared[1] if fresh and shared is not None else None
+        try:  # pickled whole before a byte is written
+            self._pipes[worker].send((function, args, shared is not None, fresh, value))
         except OSError:
             self._dead(worker)
         except BaseException:
             self._idle.append(worker)  # unpicklable: nothing was written, the worker waits
             raise
+        if shared is not None:
+            self._holding[worker] = shared[0]
+        else:  # the worker lets go of what it held
+            self._holding.pop(worker, None)
         busy[worker] = index
 
     def _ready(self, workers: list[int]) -> list[int]:
