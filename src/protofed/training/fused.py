@@ -12,7 +12,8 @@ It applies only where the result is autograd's: the default loss, every paramete
 per-step hook, float32 on the CPU, and a model whose `features` is an `nn.Sequential` of
 Conv1d / ReLU / MaxPool1d(2) / AdaptiveAvgPool1d(1) / Flatten / Linear (mlp, cnn1d, harcnn).
 Tests check both paths give the same weights to fp32 rounding for every optimizer. Measured
-faster than autograd for plain SGD and a tie for the others, see docs/speed.md.
+faster than autograd for plain SGD (1.24x), a tie or a few per cent slower for the others,
+see docs/speed.md.
 """
 
 from __future__ import annotations
