@@ -47,7 +47,6 @@ def weighted_mean(
     sums: Records = {}
     total = 0.0
     seen: list[Reply] = []
-    scratch = _Scratch()
     for reply in replies:
         w = float(weight(reply))
         total += w
@@ -56,7 +55,7 @@ def weighted_mean(
             if wanted is not None and record not in wanted:
                 rest[record] = arrays
                 continue
-            _accumulate(sums.setdefault(record, {}), arrays, w, scratch)
+            _accumulate(sums.setdefault(record, {}), arrays, w)
         seen.append(Reply(reply.client, rest, reply.metrics, reply.num_examples))
     if not seen:
         raise ValueError("weighted_mean needs at least one reply")
@@ -66,23 +65,10 @@ def weighted_mean(
 
 
 _CHUNK = 1 << 16
-"""Elements a CPU reply is cast to float64 at a time: 512 KiB, a scratch that stays in cache."""
+"""Elements a CPU reply is cast to float64 at a time: a 512 KiB buffer, which stays in cache."""
 
 
-class _Scratch:
-    """A float64 buffer of `_CHUNK` elements per device, made on first use."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device) -> torch.Tensor:
-        buffer = self.buffers.get(device)
-        if buffer is None:
-            buffer = self.buffers[device] = torch.empty(_CHUNK, dtype=torch.float64, device=device)
-        return buffer
-
-
-def _add_scaled(acc: torch.Tensor, tensor: torch.Tensor, w: float, scratch: _Scratch) -> None:
+def _add_scaled(acc: torch.Tensor, tensor: torch.Tensor, w: float) -> None:
     """`acc += w * tensor` in float64, `tensor` cast first (a mixed-dtype add_ takes a
     scalar path, ~3x slower). On the CPU the cast goes a cache-sized chunk at a time, so
     the reply's float64 copy is never written out whole and read back: about 1.4 against
@@ -92,21 +78,21 @@ def _add_scaled(acc: torch.Tensor, tensor: torch.Tensor, w: float, scratch: _Scr
     if tensor.device.type != "cpu" or tensor.numel() <= _CHUNK or not acc.is_contiguous():
         acc.add_(tensor.to(torch.float64), alpha=w)
         return
-    buffer = scratch.get(tensor.device)
+    buffer = torch.empty(_CHUNK, dtype=torch.float64)
     flat_acc, flat = acc.view(-1), tensor.reshape(-1)
     for start in range(0, flat.numel(), _CHUNK):
         piece = flat[start : start + _CHUNK]
         flat_acc[start : start + _CHUNK].add_(buffer[: len(piece)].copy_(piece), alpha=w)
 
 
-def _accumulate(sums: Arrays, arrays: Arrays, w: float, scratch: _Scratch) -> None:
+def _accumulate(sums: Arrays, arrays: Arrays, w: float) -> None:
     for name, tensor in arrays.items():
         if tensor.is_floating_point():
             acc = sums.get(name)
             if acc is None:  # our own float64 copy (never the reply's tensor), scaled
                 sums[name] = tensor.detach().to(torch.float64, copy=True).mul_(w)
             else:
-                _add_scaled(acc, tensor, w, scratch)
+                _add_scaled(acc, tensor, w)
         else:
             prev = sums.get(name)
             sums[name] = tensor.clone() if prev is None else torch.maximum(prev, tensor)
