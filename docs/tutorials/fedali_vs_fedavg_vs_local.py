@@ -2,9 +2,9 @@
 # # FedAli vs FedAvg vs Local on UCI-HAR
 #
 # Three runs on UCI-HAR's natural clients (one client per subject), a table and a figure.
-# Run it from the repository root: `PROTOFED_DATA=../shared/data python
-# docs/tutorials/fedali_vs_fedavg_vs_local.py` (the data root holds `har/uci_har.npz`:
-# `protofed data fetch uci_har` puts it in the user cache). Outputs go to
+# Run it from the repository root: `python docs/tutorials/fedali_vs_fedavg_vs_local.py`
+# after `protofed data fetch uci_har` (the data root then holds `har/uci_har.npz`; set
+# `PROTOFED_DATA=DIR` for a folder where the data sets are already converted). Outputs go to
 # `$PROTOFED_TUTORIAL_OUT/fedali_vs_fedavg_vs_local/` (default `runs/tutorials/...`).
 #
 # `PROTOFED_TUTORIAL_SMALL=1` is the test's setting: 3 subjects, 2 rounds, tiny prototype
@@ -31,12 +31,14 @@ from pathlib import Path
 import numpy as np
 
 import protofed
+from protofed.config import DataConfig
+from protofed.data import data_root
 from protofed.plots.curves import pers_vs_gen, write_figures
 from protofed.report import collect, group_runs, summarize, to_csv, to_markdown
 
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "fedali_vs_fedavg_vs_local"
-DATA = Path(os.environ.get("PROTOFED_DATA", "../shared/data"))
+DATA = data_root(DataConfig())  # $PROTOFED_DATA, else the user cache (`protofed data fetch`)
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fedali_uci_har_natural.yaml"
 
 # %% [markdown]

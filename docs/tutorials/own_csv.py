@@ -6,8 +6,9 @@
 # official WISDM v1.1 "transformed" accelerometer features (43 per 10 s window, 36 users),
 # of which we keep a few users and write our own CSV, as you would export yours.
 #
-# Run it from the repository root: `PROTOFED_DATA=../shared/data python
-# docs/tutorials/own_csv.py` (the data root holds `har/wisdm_features.csv`). Outputs go to
+# Run it from the repository root: `python docs/tutorials/own_csv.py` after `protofed data
+# fetch wisdm_features` (the data root then holds `har/wisdm_features.csv`; set
+# `PROTOFED_DATA=DIR` for a folder where the data sets are already converted). Outputs go to
 # `$PROTOFED_TUTORIAL_OUT/own_csv/` (default `runs/tutorials/own_csv/`);
 # `PROTOFED_TUTORIAL_SMALL=1` runs 4 users and 5 rounds instead of 12 users and 30 rounds.
 
@@ -18,10 +19,12 @@ from pathlib import Path
 import pandas as pd
 
 import protofed
+from protofed.config import DataConfig
+from protofed.data import data_root
 
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "own_csv"
-DATA = Path(os.environ.get("PROTOFED_DATA", "../shared/data"))
+DATA = data_root(DataConfig())  # $PROTOFED_DATA, else the user cache (`protofed data fetch`)
 OUT.mkdir(parents=True, exist_ok=True)
 
 # %% [markdown]
