@@ -496,8 +496,23 @@ class PrivacyConfig(_Section):
         description="fixed: the round's m of N clients without replacement (replace-one "
         "adjacency); poisson: each client with probability m/N (add-or-remove-one).",
     )
-    accountant: Literal["rdp", "pld"] = Field(
-        "rdp", description="dp-accounting's Renyi (rdp) or privacy-loss-distribution accountant."
+    accountant: Literal["auto", "rdp", "pld"] = Field(
+        "auto",
+        description="dp-accounting's Renyi (rdp) or privacy-loss-distribution (pld) "
+        "accountant; auto: pld, the tighter, wherever it applies (Poisson sampling, or no "
+        "sampling at all), else rdp.",
+    )
+    noise: Literal["secure", "seeded"] = Field(
+        "secure",
+        description="secure: noise and client sampling from the operating system's entropy, "
+        "never recorded; seeded: from the config's seed, replayable by anyone who holds the "
+        "config (simulations for research only: not a guarantee).",
+    )
+    audit: int = Field(
+        0,
+        ge=0,
+        description="Canary clients inserted for an empirical epsilon in the same run (as "
+        "many more held out); 0: no audit.",
     )
     adaptive: bool = Field(
         False, description="Adaptive clipping (Andrew et al. 2021): clip_norm is the start."
@@ -512,6 +527,18 @@ class PrivacyConfig(_Section):
         description="adaptive: std of the noise on the unclipped count; None: the round's "
         "clients / 20, as in the paper.",
     )
+
+    @model_validator(mode="after")
+    def _keys_mean_privacy(self) -> PrivacyConfig:
+        """A privacy key set without `enabled` would run without privacy, silently: refused.
+        `enabled: false` written out is the user's own choice (a sweep's non-private arm)."""
+        given = sorted(self.model_fields_set - {"enabled"})
+        if given and "enabled" not in self.model_fields_set:
+            raise ValueError(
+                f"privacy.{given[0]} is set but privacy.enabled is not: add "
+                "privacy.enabled=true (or privacy.enabled=false to run without privacy)"
+            )
+        return self
 
 
 class PretrainConfig(_Section):
@@ -574,6 +601,9 @@ def _format_validation_error(err: ValidationError) -> str:
     key = ".".join(str(p) for p in first["loc"]) or "config"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{_close_key(tuple(first['loc']))}"
+    sentence = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "value_error" and sentence.startswith(f"{key}."):
+        return sentence  # a section's validator, whose sentence names the key
     value = first.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
     return f"invalid value for '{key}': {first['msg']}{shown}"

@@ -19,6 +19,7 @@ from protofed.config import PrivacyConfig, load_config
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
 from protofed.privacy import accounting, plan
+from protofed.privacy.entropy import SecureNoise, SeededNoise
 from protofed.privacy.mechanisms import (
     PRIVACY,
     binary_names,
@@ -45,6 +46,9 @@ DIGITS = [
 ]
 
 
+SAMPLED = ["train.clients_per_round=3"]  # 3 of 6 without replacement: RDP's event only
+
+
 def _cfg(*extra: str):
     return load_config(None, [*DIGITS, "privacy.enabled=true", *extra])
 
@@ -52,7 +56,9 @@ def _cfg(*extra: str):
 # the accountant ---------------------------------------------------------------------------
 @pytest.mark.parametrize("rounds", [1, 10, 200])
 def test_poisson_epsilon_is_dp_accountings_own(rounds) -> None:
-    cfg = PrivacyConfig(enabled=True, sampling="poisson", noise_multiplier=1.1, delta=1e-5)
+    cfg = PrivacyConfig(
+        enabled=True, sampling="poisson", noise_multiplier=1.1, delta=1e-5, accountant="rdp"
+    )
     theirs = rdp.RdpAccountant()  # add-or-remove-one, its default
     theirs.compose(dp_event.PoissonSampledDpEvent(10 / 300, dp_event.GaussianDpEvent(1.1)), rounds)
     assert accounting.epsilon(cfg, 300, 10, 1.1, rounds) == theirs.get_epsilon(1e-5)
@@ -60,7 +66,7 @@ def test_poisson_epsilon_is_dp_accountings_own(rounds) -> None:
 
 def test_fixed_size_sampling_is_accounted_as_sampling_without_replacement() -> None:
     """Replace-one adjacency: one client's clipped reply moves the sum by twice the bound."""
-    cfg = PrivacyConfig(enabled=True, noise_multiplier=2.0)
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=2.0, accountant="rdp")
     theirs = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     event = dp_event.SampledWithoutReplacementDpEvent(30, 10, dp_event.GaussianDpEvent(1.0))
     theirs.compose(event, 20)
@@ -82,6 +88,7 @@ def _fresh_epsilon(cfg: PrivacyConfig, event: dp_event.DpEvent, rounds: int) -> 
     """dp-accounting's own answer: a new accountant, the round's event composed `rounds` times."""
     relation = dp_accounting.NeighboringRelation
     if cfg.accountant == "pld":
+        # the events below carry replace-one's doubled sensitivity in their multiplier
         theirs: dp_accounting.PrivacyAccountant = pld.PLDAccountant()
     elif cfg.sampling == "poisson":
         theirs = rdp.RdpAccountant()
@@ -99,7 +106,7 @@ def _fresh_epsilon(cfg: PrivacyConfig, event: dp_event.DpEvent, rounds: int) -> 
             [1, 2, 40, 7],
         ),
         (
-            {"sampling": "poisson"},
+            {"sampling": "poisson", "accountant": "rdp"},
             dp_event.PoissonSampledDpEvent(1 / 3, dp_event.GaussianDpEvent(1.2)),
             [1, 2, 40, 7],
         ),
@@ -108,9 +115,14 @@ def _fresh_epsilon(cfg: PrivacyConfig, event: dp_event.DpEvent, rounds: int) -> 
             dp_event.PoissonSampledDpEvent(1 / 3, dp_event.GaussianDpEvent(1.2)),
             [1, 3, 2],
         ),
-        ({"mode": "local"}, dp_event.GaussianDpEvent(0.6), [1, 2, 50]),
+        ({"mode": "local", "accountant": "rdp"}, dp_event.GaussianDpEvent(0.6), [1, 2, 50]),
+        (
+            {"mode": "local", "sampling": "fixed", "accountant": "pld"},
+            dp_event.GaussianDpEvent(0.6),
+            [1, 2, 50],
+        ),
     ],
-    ids=["fixed-rdp", "poisson-rdp", "poisson-pld", "local-rdp"],
+    ids=["fixed-rdp", "poisson-rdp", "poisson-pld", "local-rdp", "local-pld"],
 )
 def test_each_rounds_epsilon_is_a_fresh_dp_accounting_computations(settings_, event, asked) -> None:
     """The plan composes rounds from what it computed once; every round's epsilon is still
@@ -137,7 +149,7 @@ def test_target_epsilon_calibration_lands_on_the_target(sampling, target) -> Non
 
 
 def test_local_mode_is_accounted_as_each_clients_own_gaussian() -> None:
-    cfg = PrivacyConfig(enabled=True, mode="local", noise_multiplier=3.0)
+    cfg = PrivacyConfig(enabled=True, mode="local", noise_multiplier=3.0, accountant="rdp")
     dp = plan(cfg, 30, 10, 50)
     theirs = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     theirs.compose(dp_event.GaussianDpEvent(1.5), 50)  # no credit for sampling
@@ -149,13 +161,10 @@ def test_local_mode_is_accounted_as_each_clients_own_gaussian() -> None:
     [
         ([], "privacy: set exactly one"),
         (["privacy.noise_multiplier=1", "privacy.target_epsilon=2"], "privacy: set exactly one"),
-        (["privacy.accountant=pld", "privacy.target_epsilon=2"], "privacy.accountant"),
-        (["privacy.accountant=pld", "privacy.noise_multiplier=1"], "privacy.accountant"),
-        (
-            ["privacy.accountant=pld", "privacy.mode=local", "privacy.noise_multiplier=1"],
-            "privacy.accountant",
-        ),
+        (["privacy.accountant=pld", "privacy.target_epsilon=2", *SAMPLED], "privacy.accountant"),
+        (["privacy.accountant=pld", "privacy.noise_multiplier=1", *SAMPLED], "privacy.accountant"),
         (["privacy.target_epsilon=2", "privacy.noise_multiplier=0"], "privacy: set exactly one"),
+        (["privacy.noise_multiplier=0"], "privacy.noise_multiplier: 0 adds no noise"),
         (["privacy.mode=local", "privacy.adaptive=true", "privacy.noise_multiplier=1"], "adaptive"),
         (["privacy.adaptive=true", "privacy.noise_multiplier=5", "privacy.count_noise=1"], "count"),
         (["privacy.noise_multiplier=1", "algorithm.name=centralized"], "privacy.enabled"),
@@ -216,7 +225,9 @@ def _replies(m: int, size: int) -> tuple[list[Reply], list[dict]]:
 def test_central_noise_on_the_mean_has_the_configured_scale() -> None:
     m, size, std = 8, 200_000, 1.7
     replies, sent = _replies(m, size)
-    out = central_mean(replies, sent, (std, 0.0), m, 2, torch.Generator().manual_seed(0))
+    out = central_mean(
+        replies, sent, (std, 0.0), m, 2, SeededNoise(torch.Generator().manual_seed(0))
+    )
     noised = out[0].records["model"]["w"]
     assert float(noised.std()) == pytest.approx(std / m, rel=0.01)
     assert abs(float(noised.mean())) < 5 * std / m / math.sqrt(size)
@@ -232,7 +243,7 @@ def test_local_noise_has_the_configured_scale_on_every_group() -> None:
         "banks": {"b": torch.zeros(50_000)},
     }
     assert split(reply, message).count == 2
-    out = noise_reply(reply, message, (0.3, 2.0), torch.Generator().manual_seed(1))
+    out = noise_reply(reply, message, (0.3, 2.0), SecureNoise())
     assert float(out["model"]["w"].std()) == pytest.approx(0.3, rel=0.02)
     assert float(out["banks"]["b"].std()) == pytest.approx(2.0, rel=0.02)
 
@@ -243,7 +254,7 @@ def test_central_prototypes_are_a_noised_mean_per_class_over_its_holders() -> No
         {"protos": {"classes": torch.tensor([1]), "means": torch.tensor([[5.0]])}},
     ]
     replies = [Reply(i, r) for i, r in enumerate(records)]
-    out = central_mean(replies, [{}, {}], (0.0, 0.0), 2, 3, torch.Generator())
+    out = central_mean(replies, [{}, {}], (0.0, 0.0), 2, 3, SecureNoise())
     protos = out[1].records["protos"]
     assert protos["classes"].tolist() == [0, 1]  # class 2: nobody holds it
     assert protos["means"].flatten().tolist() == [1.0, 4.0]
@@ -279,7 +290,7 @@ def test_central_masks_are_the_noised_majority_of_the_round() -> None:
         reply, _ = clip_reply({"masks": {"m": torch.tensor(bits, dtype=torch.bool)}}, {}, 1, 2)
         replies.append(Reply(i, {"masks": reply["masks"]}))
         sent.append({})
-    out = central_mean(replies, sent, (0.0, 0.0), 7.5, 2, torch.Generator())
+    out = central_mean(replies, sent, (0.0, 0.0), 7.5, 2, SecureNoise())
     assert decode_binary(out[0].records, ["masks"])["masks"]["m"].tolist() == [
         True,
         True,
@@ -315,7 +326,9 @@ def test_fedsub_runs_private_with_binary_masks_and_dp_accountings_epsilon(
 ) -> None:
     """Real UCI-HAR clients: the masks FedSub's server fuses are bits again, and every
     round's epsilon is dp-accounting's own for the round's event (replace-one adjacency)."""
-    cfg = _fedsub_on_har(tmp_path, f"privacy.mode={mode}", "train.clients_per_round=4")
+    cfg = _fedsub_on_har(
+        tmp_path, f"privacy.mode={mode}", "train.clients_per_round=4", "privacy.accountant=rdp"
+    )
     loop = simulate(prepare(cfg))
     fused = loop.algorithm.inner
     seen: list[torch.Tensor] = []
@@ -359,6 +372,7 @@ def test_a_private_run_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
         "privacy.adaptive=true",
         "privacy.count_noise=2",
         "privacy.sampling=poisson",
+        "privacy.noise=seeded",  # replayable noise: research on simulations only
     ]
     whole = start(_cfg(*overrides), tmp_path / "whole").run()
 
@@ -382,6 +396,7 @@ def test_a_poisson_round_that_draws_nobody_leaves_the_model() -> None:
         "privacy.sampling=poisson",
         "train.clients_per_round=1",
         "train.rounds=6",
+        "privacy.noise=seeded",
     )
     loop = simulate(prepare(cfg))
     drawn = [len(loop.sample(r)) for r in range(1, 7)]
@@ -394,7 +409,8 @@ def test_adaptive_clipping_moves_the_clip_norm_toward_the_quantile(tmp_path) -> 
     """Noise off and a bound no update reaches: every update is unclipped, so the norm
     shrinks by exp(-clip_lr x (1 - target_quantile)) each round."""
     cfg = _cfg(
-        "privacy.noise_multiplier=0",
+        "privacy.noise_multiplier=1e-6",
+        "privacy.count_noise=1e-6",
         "privacy.adaptive=true",
         "privacy.clip_norm=1000",
         "privacy.clip_lr=0.5",
@@ -403,8 +419,7 @@ def test_adaptive_clipping_moves_the_clip_norm_toward_the_quantile(tmp_path) -> 
     loop.run()
     clips = [r.server["clip_norm"] for r in loop.history]
     factor = math.exp(-0.5 * 0.5)
-    assert clips == pytest.approx([1000 * factor**k for k in range(3)])
-    assert loop.history[-1].epsilon == math.inf
+    assert clips == pytest.approx([1000 * factor**k for k in range(3)], rel=1e-4)
 
 
 def test_a_private_algorithm_copies_and_delegates_its_helpers() -> None:
@@ -427,7 +442,9 @@ def test_privacy_off_leaves_the_records_as_they_were(tmp_path) -> None:
 def test_clipping_alone_without_noise_changes_the_model(tmp_path) -> None:
     """The privacy layer is on the path: a tiny bound slows FedAvg to a crawl."""
     plain = simulate(prepare(load_config(None, DIGITS))).run()
-    clipped = simulate(prepare(_cfg("privacy.noise_multiplier=0", "privacy.clip_norm=1e-4"))).run()
+    clipped = simulate(
+        prepare(_cfg("privacy.noise_multiplier=1e-6", "privacy.clip_norm=1e-4"))
+    ).run()
     assert plain.final is not None and clipped.final is not None
     assert plain.final.personalization.acc > 0.7
     assert clipped.final.personalization.acc < plain.final.personalization.acc - 0.3

@@ -390,11 +390,16 @@ class PrivacySummary(JsonRecord):
     clip_norm: float  # the bound the run ended with (adaptive clipping moves it)
     sampling: str
     accountant: str
+    noise: str = "seeded"  # secure | seeded (runs before the key existed: seeded)
+    caveats: list[str] = field(default_factory=list)  # what epsilon does not cover
+    audit_canaries: int = 0  # privacy.audit: canaries inserted (as many held out)
+    empirical_epsilon: float | None = None  # the audit's estimate (privacy/audit.py)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PrivacySummary:
         """From summary.json's `privacy` (JSON already holds each field's type)."""
-        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
+        values: dict[str, Any] = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values.setdefault("epsilon", None)
         return cls(**values)
 
 

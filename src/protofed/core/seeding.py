@@ -18,6 +18,7 @@ SERVER = 14  # an algorithm's server-side randomness (e.g. clustering), keyed fu
 EVALUATION = 15  # eval.generalization_samples: the union's stratified sample (evaluation.py)
 PRIVACY_CLIENT = 16  # privacy.mode=local: a client's noise, keyed by round and client
 PRIVACY_SERVER = 17  # privacy.mode=central: the server's noise, keyed by round
+AUDIT = 18  # privacy.audit: the canaries' directions and when they take part (privacy/audit.py)
 
 
 def derive_seed(seed: int, *keys: int) -> int:

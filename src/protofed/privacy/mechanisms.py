@@ -32,6 +32,7 @@ import torch
 
 from protofed.core.types import Arrays, Records, Reply
 from protofed.errors import ConfigError
+from protofed.privacy.entropy import NoiseSource
 from protofed.prototypes import pack_prototypes, unpack_prototypes
 
 PRIVACY = "privacy"
@@ -175,9 +176,9 @@ def _clipped_update(
     }
 
 
-def noise(like: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
-    """Gaussian noise of `std` shaped as `like`, drawn on the CPU from `generator`."""
-    drawn = torch.randn(like.shape, generator=generator, dtype=torch.float64) * std
+def noise(like: torch.Tensor, std: float, source: NoiseSource) -> torch.Tensor:
+    """Gaussian noise of `std` shaped as `like`, drawn on the CPU from `source`."""
+    drawn = source.normal(like.shape) * std
     return drawn.to(dtype=like.dtype, device=like.device)
 
 
@@ -185,21 +186,21 @@ def noise_reply(
     reply: Records,
     message: Records,
     stds: tuple[float, float],
-    generator: torch.Generator,
+    source: NoiseSource,
 ) -> Records:
     """`local` mode: a clipped reply with its own noise; `stds` = (update std, other std)."""
     groups = split(reply, message)
     out = dict(reply)
     for name in groups.update:
         out[name] = {
-            k: v + noise(v, stds[0], generator) if v.is_floating_point() else v
+            k: v + noise(v, stds[0], source) if v.is_floating_point() else v
             for k, v in reply[name].items()
         }
     for name in groups.others:
         values = _values(name, reply[name])
         out[name] = {
             **reply[name],
-            **{k: v + noise(v, stds[1], generator) for k, v in values.items()},
+            **{k: v + noise(v, stds[1], source) for k, v in values.items()},
         }
     return out
 
@@ -210,18 +211,32 @@ def _mean_update(
     name: str,
     std: float,
     denominator: float,
-    generator: torch.Generator,
+    source: NoiseSource,
+    observed: dict[str, torch.Tensor] | None = None,
 ) -> Arrays:
     """The noised mean difference of an update record (float keys only)."""
     total: Arrays = {}
     for reply, message in zip(replies, sent, strict=True):
         for key, delta in deltas(reply.records[name], message[name]).items():
             total[key] = total[key] + delta if key in total else delta.clone()
-    return {k: (v + noise(v, std, generator)) / denominator for k, v in total.items()}
+    released = {k: v + noise(v, std, source) for k, v in total.items()}
+    if observed is not None:
+        observed[name] = flat(released)
+    return {k: v / denominator for k, v in released.items()}
+
+
+def flat(arrays: Arrays) -> torch.Tensor:
+    """A record's values as one float64 vector, in the record's key order."""
+    return torch.cat([v.double().flatten() for v in arrays.values()])
 
 
 def _mean_prototypes(
-    replies: list[Reply], name: str, std: float, num_classes: int, generator: torch.Generator
+    replies: list[Reply],
+    name: str,
+    std: float,
+    num_classes: int,
+    source: NoiseSource,
+    observed: dict[str, torch.Tensor] | None = None,
 ) -> Arrays:
     """Per class, the noised sum of the clients' clipped means over the clients that sent it
     (which clients hold a class is in the clear: their class indices are sent as they are)."""
@@ -233,7 +248,10 @@ def _mean_prototypes(
         if means.shape[1] == dim:
             sums += means
             holders += (counts > 0).to(sums.dtype)
-    noised = (sums + noise(sums, std, generator)) / holders.clamp(min=1).unsqueeze(1)
+    released = sums + noise(sums, std, source)
+    if observed is not None:
+        observed[name] = released.double().flatten()
+    noised = released / holders.clamp(min=1).unsqueeze(1)
     packed = pack_prototypes(noised, holders)
     if not all("counts" in r.records[name] for r in replies):
         packed.pop("counts")
@@ -248,12 +266,14 @@ def central_mean(
     stds: tuple[float, float],
     denominator: float,
     num_classes: int,
-    generator: torch.Generator,
+    source: NoiseSource,
+    observed: dict[str, torch.Tensor] | None = None,
 ) -> list[Reply]:
     """`central` mode: every reply replaced by the noised mean of the round's clipped
     replies (an update: the client's own message plus the mean difference), so whatever
     the algorithm's `aggregate` computes is post-processing of that one noised release.
-    Every reply then weighs the same."""
+    Every reply then weighs the same. `observed`, where given, receives each group's noised
+    sum as one float64 vector (what the audit observes)."""
     groups = split(replies[0].records, sent[0])
     for reply, message in zip(replies, sent, strict=True):
         if split(reply.records, message) != groups:  # one release needs one shape
@@ -262,21 +282,22 @@ def central_mean(
                 f"{replies[0].client}'s ({split(reply.records, message)} vs {groups})"
             )
     means = {
-        name: _mean_update(replies, sent, name, stds[0], denominator, generator)
+        name: _mean_update(replies, sent, name, stds[0], denominator, source, observed)
         for name in groups.update
     }
     others: Records = {}
     for name in groups.others:
         if is_prototypes(replies[0].records[name]):
-            others[name] = _mean_prototypes(replies, name, stds[1], num_classes, generator)
+            others[name] = _mean_prototypes(replies, name, stds[1], num_classes, source, observed)
             continue
         total = {
             k: torch.stack([r.records[name][k] for r in replies]).sum(0)
             for k in replies[0].records[name]
         }
-        others[name] = {
-            k: (v + noise(v, stds[1], generator)) / denominator for k, v in total.items()
-        }
+        released = {k: v + noise(v, stds[1], source) for k, v in total.items()}
+        if observed is not None:
+            observed[name] = flat(released)
+        others[name] = {k: v / denominator for k, v in released.items()}
     out = []
     for reply, message in zip(replies, sent, strict=True):
         records = {

@@ -14,9 +14,9 @@ Flower engines run the same mechanism:
 The algorithm itself is untouched: what it computes from the released mean is
 post-processing, so the guarantee holds for any `aggregate`, and a server that keeps
 per-client state (PFPL's prototypes, FedPAC's heads, FedClar's clusters) keeps the mean
-for every client. The noise comes from the run's seed (streams keyed by round and client),
-and the clip norm lives in the server state, so a resumed run draws what an uninterrupted
-one would have.
+for every client. The noise comes from the operating system's entropy, never recorded
+(entropy.py), unless `privacy.noise=seeded` asks for the seed's replayable streams (no
+guarantee then); the clip norm lives in the server state, so a resumed run goes on from it.
 """
 
 from __future__ import annotations
@@ -31,22 +31,31 @@ import torch
 from protofed.algorithms.base import Algorithm
 from protofed.config import PrivacyConfig
 from protofed.core.results import PrivacySummary
-from protofed.core.seeding import PRIVACY_CLIENT, PRIVACY_SERVER, torch_generator
 from protofed.core.types import AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
-from protofed.privacy import accounting
+from protofed.privacy import accounting, audit
+from protofed.privacy.entropy import NOT_A_GUARANTEE, NoiseSource, client_noise, server_noise
 from protofed.privacy.mechanisms import (
     PRIVACY,
     binary_names,
     central_mean,
     clip_reply,
     decode_binary,
+    deltas,
+    flat,
+    is_prototypes,
     noise_reply,
     split,
 )
+from protofed.prototypes import pack_prototypes, unpack_prototypes
 from protofed.training.client import Client
 
-CLIP, UNCLIPPED = "clip_norm", "unclipped"
+CLIP, UNCLIPPED, PRESENCE = "clip_norm", "unclipped", "class_presence"
+OBSERVED = "audit."
+"""Server-state keys of the audit's observation, one per group: `audit.<record>`."""
+COUNT_SENSITIVITY = 0.5
+"""How far one added or removed client moves the noised count of adaptive clipping, in units
+of the update's bound: its bit is sent centred, as +1/2 (unclipped) or -1/2."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +83,13 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
         raise ConfigError(
             "privacy: set exactly one of privacy.noise_multiplier and privacy.target_epsilon"
         )
+    if cfg.noise_multiplier == 0:
+        raise ConfigError(
+            "privacy.noise_multiplier: 0 adds no noise, so no epsilon holds (it is infinite); "
+            "set a positive multiplier or privacy.target_epsilon"
+        )
     if cfg.adaptive and cfg.mode == "local":
         raise ConfigError("privacy.adaptive: adaptive clipping needs privacy.mode=central")
-    if cfg.accountant == "pld" and cfg.mode == "local":
-        raise ConfigError(
-            "privacy.accountant: pld cannot account privacy.mode=local (each client's own "
-            "Gaussian under replace-one adjacency); use accountant=rdp"
-        )
     run = accounting.accounted(cfg, population, per_round)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -89,15 +98,30 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
     sigma_update = sigma
     if cfg.adaptive and sigma > 0:
         # Andrew et al. 2021: the count's noise takes its share, so that the update's and
-        # the count's mechanisms compose to one Gaussian of multiplier sigma
-        rest = sigma**-2 - (2 * count_noise) ** -2
+        # the count's mechanisms compose to one Gaussian of multiplier sigma; the bits are
+        # centred (+-1/2), so one client moves the count by at most 1/2 where one client is
+        # added or removed (Poisson), by at most 1 where one is replaced (fixed), exactly
+        # half the update's sensitivity either way (accounting.composed_multiplier)
+        rest = sigma**-2 - (count_noise / COUNT_SENSITIVITY) ** -2
         if rest <= 0:
             raise ConfigError(
                 f"privacy.count_noise: {count_noise:g} is too small for noise multiplier "
-                f"{sigma:.3g} (it needs more than {sigma / 2:.3g})"
+                f"{sigma:.3g} (it needs more than {sigma * COUNT_SENSITIVITY:.3g})"
             )
         sigma_update = rest**-0.5
     ledger = accounting.Ledger(*run, sigma)
+    try:  # the PLD of a tiny multiplier is too wide to represent: say so before round 1
+        ledger.epsilon(1)
+    except (MemoryError, ValueError, OverflowError):
+        if run[0].accountant != "pld":
+            raise
+        if cfg.accountant == "pld":
+            raise ConfigError(
+                f"privacy.accountant: pld cannot represent noise multiplier {sigma:.3g} "
+                "(too small); use accountant=rdp"
+            ) from None
+        run = (run[0].model_copy(update={"accountant": "rdp"}), *run[1:])
+        ledger = accounting.Ledger(*run, sigma)  # auto: the tightest that can represent it
     return Plan(cfg, population, per_round, rounds, sigma, sigma_update, count_noise, ledger)
 
 
@@ -111,6 +135,7 @@ class Private(Algorithm):
         super().__init__(inner.params, inner.setting)
         self.inner = inner
         self.dp = dp
+        self.secure = dp.cfg.noise == "secure"
 
     def __getattr__(self, attribute: str) -> Any:  # the algorithm's own helpers
         if "inner" not in self.__dict__:  # a copy being built: nothing to delegate to yet
@@ -130,8 +155,8 @@ class Private(Algorithm):
         return {**self.inner.init_server(), PRIVACY: {CLIP: torch.tensor(self.dp.cfg.clip_norm)}}
 
     def configure(self, server: Records, client: int, server_round: int) -> Records:
-        inner, privacy = _apart(server)
-        return {**self.inner.configure(inner, client, server_round), PRIVACY: privacy}
+        inner, privacy = _apart(server)  # a client gets the clip norm, nothing else
+        return {**self.inner.configure(inner, client, server_round), PRIVACY: {CLIP: privacy[CLIP]}}
 
     def fit(self, client: Client, message: Records, state: Records) -> FitResult:
         inner, privacy = _apart(message)
@@ -140,12 +165,12 @@ class Private(Algorithm):
         reply, norm = clip_reply(result.reply, inner, clip, self.dp.cfg.prototype_clip)
         if self.dp.cfg.mode == "local":
             stds = self._stds(split(reply, inner).count, clip)
-            keys = (PRIVACY_CLIENT, client.server_round, client.id + 1)
-            reply = noise_reply(reply, inner, stds, torch_generator(self.setting.seed, *keys))
-        elif self.dp.cfg.adaptive:  # the bit adaptive clipping counts (the server noises it)
+            source = client_noise(self.secure, self.setting.seed, client.server_round, client.id)
+            reply = noise_reply(reply, inner, stds, source)
+        elif self.dp.cfg.adaptive:  # the bit adaptive clipping counts, centred (server noises)
             reply[PRIVACY] = {
                 **reply.get(PRIVACY, {}),
-                UNCLIPPED: torch.tensor(float(norm <= clip)),
+                UNCLIPPED: torch.tensor(float(norm <= clip) - COUNT_SENSITIVITY),
             }
         return FitResult(reply, {}, result.state)
 
@@ -157,13 +182,27 @@ class Private(Algorithm):
         clip = float(privacy[CLIP])
         unclipped = sum(float(r.records.get(PRIVACY, {}).get(UNCLIPPED, 0.0)) for r in received)
         released = [Reply(r.client, _apart(r.records)[0], {}, 1.0) for r in received]
-        generator = torch_generator(self.setting.seed, PRIVACY_SERVER, server_round)
+        source = server_noise(self.secure, self.setting.seed, server_round)
+        sent = [_apart(self.configure(server, r.client, server_round))[0] for r in released]
+        canaries = self._canaries(released, sent, server_round, clip)
+        updates = set(split(released[0].records, sent[0]).update) if released else set()
+        observed: dict[str, torch.Tensor] | None = {} if self.dp.cfg.audit else None
         if self.dp.cfg.mode == "central" and released:
-            sent = [_apart(self.configure(server, r.client, server_round))[0] for r in released]
             stds = self._stds(split(released[0].records, sent[0]).count, clip)
+            every = released + [Reply(-1, c, {}, 1.0) for c in canaries]
             released = central_mean(
-                released, sent, stds, self.dp.per_round, self.setting.num_classes, generator
-            )
+                every,
+                sent + [sent[0]] * len(canaries),
+                stds,
+                self.dp.per_round,
+                self.setting.num_classes,
+                source,
+                observed,
+            )[: len(released)]
+        elif observed is not None and released:  # local: the noised replies, canaries too
+            stds = self._stds(split(released[0].records, sent[0]).count, clip)
+            noised = [noise_reply(c, sent[0], stds, source) for c in canaries]
+            observed.update(self._summed([r.records for r in released] + noised, sent[0]))
         released = [  # binary records back as bits (mechanisms.py): post-processing
             Reply(out.client, decode_binary(out.records, binary_names(r.records)), {}, 1.0)
             for out, r in zip(released, received, strict=True)
@@ -172,26 +211,112 @@ class Private(Algorithm):
             result = self.inner.aggregate(inner, released, server_round)
         else:  # Poisson sampling drew nobody: the model stays (docs/privacy.md)
             result = AggregateResult(inner)
-        new_clip = self._next_clip(clip, unclipped, generator)
+        new_clip = self._next_clip(clip, unclipped, source)
         metrics = {
             **result.metrics,
             "epsilon": self.dp.epsilon(server_round),
             "noise_multiplier": self.dp.sigma,
             CLIP: clip,
         }
-        server_state = {**result.server, PRIVACY: {CLIP: torch.tensor(new_clip)}}
+        layer = {CLIP: torch.tensor(new_clip)}
+        if PRESENCE in privacy or any(
+            is_prototypes(arrays) for r in released for arrays in r.records.values()
+        ):  # some reply sent class indices in the clear: epsilon says so from now on
+            layer[PRESENCE] = torch.tensor(1.0)
+        if self.dp.cfg.audit:
+            layer.update(self._observe(privacy, observed or {}, clip, updates))
+        server_state = {**result.server, PRIVACY: layer}
         return AggregateResult(server_state, metrics)
 
-    def _next_clip(self, clip: float, unclipped: float, generator: torch.Generator) -> float:
+    # the audit (audit.py) ----------------------------------------------------------------
+    def _canaries(
+        self, released: list[Reply], sent: list[Records], server_round: int, clip: float
+    ) -> list[Records]:
+        """The clipped replies of the inserted canaries taking part in `server_round`, shaped
+        as the round's first reply: a unit direction at the full bound in every group."""
+        cfg = self.dp.cfg
+        if not cfg.audit or not released:
+            return []
+        rate = self.dp.per_round / self.setting.num_clients
+        template, message = released[0].records, sent[0]
+        groups = split(template, message)
+        out = []
+        for canary in audit.taking_part(self.setting.seed, server_round, cfg.audit, rate):
+            reply: Records = {}
+            for name in groups.update:
+                floats = deltas(template[name], message[name])
+                unit = audit.direction(self.setting.seed, canary, name, _size(floats))
+                moved = _unflat(unit * clip, floats)
+                reply[name] = {
+                    k: message[name][k] + moved[k] if k in moved else message[name][k]
+                    for k in template[name]
+                }
+            for name in groups.others:
+                arrays = template[name]
+                if is_prototypes(arrays):
+                    dim = arrays["means"].shape[1]
+                    size = self.setting.num_classes * dim
+                    unit = audit.direction(self.setting.seed, canary, name, size)
+                    means = (unit * cfg.prototype_clip).reshape(-1, dim).to(arrays["means"].dtype)
+                    table = pack_prototypes(means, torch.ones(self.setting.num_classes))
+                    reply[name] = {k: table[k] for k in arrays}
+                    continue
+                values = {k: v for k, v in arrays.items() if v.is_floating_point()}
+                unit = audit.direction(self.setting.seed, canary, name, _size(values))
+                reply[name] = {**arrays, **_unflat(unit * cfg.prototype_clip, values)}
+            out.append(reply)
+        return out
+
+    def _summed(self, replies: list[Records], message: Records) -> dict[str, torch.Tensor]:
+        """Local mode's observation: each group of the noised replies, summed, as one vector
+        (prototype tables over every class, as the central sum)."""
+        groups = split(replies[0], message)
+        out: dict[str, torch.Tensor] = {}
+        for reply in replies:
+            for name in groups.update:
+                part = flat(deltas(reply[name], message[name]))
+                out[name] = out[name] + part if name in out else part
+            for name in groups.others:
+                arrays = reply[name]
+                if is_prototypes(arrays):
+                    part = unpack_prototypes(arrays, self.setting.num_classes)[0].double().flatten()
+                else:
+                    part = flat({k: v for k, v in arrays.items() if v.is_floating_point()})
+                out[name] = out[name] + part if name in out else part
+        return out
+
+    def _observe(
+        self, privacy: Arrays, observed: dict[str, torch.Tensor], clip: float, updates: set[str]
+    ) -> Arrays:
+        """The audit's running observation: every round's release, each group in units of
+        its bound (the update's clip moves under adaptive clipping), kept in the server
+        state (so a resumed run goes on with it) and never sent to a client."""
+        kept = {k: v for k, v in privacy.items() if k.startswith(OBSERVED)}
+        for name, released in observed.items():
+            bound = clip if name in updates else self.dp.cfg.prototype_clip
+            key = OBSERVED + name
+            scaled = released / bound
+            kept[key] = kept[key] + scaled if key in kept else scaled
+        return kept
+
+    def empirical_epsilon(self, server: Records) -> float | None:
+        """The audit's estimate from what the run released so far (None without audit)."""
+        privacy = _apart(server)[1]
+        observed = {k[len(OBSERVED) :]: v for k, v in privacy.items() if k.startswith(OBSERVED)}
+        if not self.dp.cfg.audit or not observed:
+            return None
+        return audit.estimate(self.setting.seed, self.dp.cfg.audit, observed, self.dp.cfg.delta)
+
+    def _next_clip(self, clip: float, unclipped: float, source: NoiseSource) -> float:
         """Adaptive clipping's geometric step toward the target quantile (Andrew et al.
-        2021): the noised fraction of unclipped updates against `target_quantile`."""
+        2021): the noised fraction of unclipped updates against `target_quantile`. The
+        centred bits' noised sum, over the round's expected size m, plus 1/2, estimates the
+        fraction (the paper's centring: the round's actual size is never used)."""
         cfg = self.dp.cfg
         if not cfg.adaptive:
             return clip
-        noise = 0.0
-        if self.dp.sigma > 0:
-            noise = self.dp.count_noise * float(torch.randn((), generator=generator))
-        fraction = (unclipped + noise) / self.dp.per_round
+        noise = self.dp.count_noise * float(source.normal((1,))[0])
+        fraction = (unclipped + noise) / self.dp.per_round + COUNT_SENSITIVITY
         return clip * math.exp(-cfg.clip_lr * (fraction - cfg.target_quantile))
 
     def guarantee(self, server: Records, rounds: int) -> PrivacySummary:
@@ -204,7 +329,11 @@ class Private(Algorithm):
             noise_multiplier=self.dp.sigma,
             clip_norm=float(_apart(server)[1].get(CLIP, torch.tensor(cfg.clip_norm))),
             sampling=cfg.sampling,
-            accountant=cfg.accountant,
+            accountant=self.dp.ledger.cfg.accountant,
+            noise=cfg.noise,
+            audit_canaries=cfg.audit,
+            empirical_epsilon=self.empirical_epsilon(server),
+            caveats=caveats(self.secure, bool(_apart(server)[1].get(PRESENCE, False))),
         )
 
     # evaluation --------------------------------------------------------------------------
@@ -221,6 +350,33 @@ class Private(Algorithm):
 
     def prototypes(self, server: Records) -> dict[str, Any] | None:
         return self.inner.prototypes(_apart(server)[0])
+
+
+def caveats(secure: bool, class_presence: bool) -> list[str]:
+    """What a run's epsilon does not cover, in the words every output prints beside it:
+    seeded noise (no guarantee at all), and class presence, released in the clear by the
+    methods that send prototype tables (FedProto, PFPL, FedDPA, ProtoHAR, FedNH, FedPAC)."""
+    out = [] if secure else [NOT_A_GUARANTEE]
+    return out + [CLASS_PRESENCE] if class_presence else out
+
+
+CLASS_PRESENCE = (
+    "except which classes each client holds: prototype tables send their class indices "
+    "in the clear (docs/privacy.md)"
+)
+
+
+def _size(arrays: Arrays) -> int:
+    return sum(v.numel() for v in arrays.values())
+
+
+def _unflat(vector: torch.Tensor, like: Arrays) -> Arrays:
+    """`vector` cut into tensors shaped (and typed) as `like`'s, in its key order."""
+    out, start = {}, 0
+    for key, value in like.items():
+        out[key] = vector[start : start + value.numel()].reshape(value.shape).to(value.dtype)
+        start += value.numel()
+    return out
 
 
 def _apart(records: Records) -> tuple[Records, Arrays]:

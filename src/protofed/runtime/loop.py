@@ -20,9 +20,10 @@ from dataclasses import asdict, replace
 from typing import Protocol
 
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
-from protofed.core.seeding import poisson_clients, sample_clients
+from protofed.core.seeding import sample_clients
 from protofed.core.types import Arrays, Checked, Delivery, Records, Reply, check_result
 from protofed.privacy import Private
+from protofed.privacy.entropy import private_sample
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
 from protofed.runtime.guard import nonfinite
@@ -190,12 +191,15 @@ class RoundLoop:
     # one round --------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
         """The round's clients: m of N, or each with probability m / N where the privacy
-        accountant counts on Poisson sampling (`privacy.sampling=poisson`)."""
+        accountant counts on Poisson sampling (`privacy.sampling=poisson`). A private run
+        draws them from the operating system's entropy (privacy/entropy.py): a sample that
+        the config replays would void the accountant's credit for sampling."""
         seed, population = self.cfg.seed, self.num_clients
         privacy = self.cfg.privacy
-        if privacy.enabled and privacy.sampling == "poisson":
-            rate = self.per_round() / population
-            picked = poisson_clients(seed, server_round, population, rate)
+        if privacy.enabled:
+            secure, poisson = privacy.noise == "secure", privacy.sampling == "poisson"
+            count = self.per_round()
+            picked = private_sample(secure, poisson, seed, server_round, population, count)
         else:
             picked = sample_clients(seed, server_round, population, self.per_round())
         return [self.population[i] for i in picked]
