@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from protofed.config import build_config, flatten
-from protofed.core.results import ReportedRound, RoundRecord, Summary
+from protofed.core.results import NOT_A_GUARANTEE, ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
 from protofed.runs import METRICS as METRICS_FILE
@@ -217,7 +217,13 @@ def run_row(
     row["down_MB_per_round"] = down / rounds
     row["s_per_round"] = summary.time.total_s / rounds
     # what the whole run spent (privacy.enabled): every round's release counts
-    row["epsilon"] = summary.privacy.epsilon if summary.privacy is not None else None
+    privacy = summary.privacy
+    row["epsilon"] = privacy.epsilon if privacy is not None else None
+    if privacy is not None:  # what the number does not cover, and the audit's estimate
+        row["epsilon_caveats"] = "; ".join(privacy.caveats) or (
+            NOT_A_GUARANTEE if privacy.noise == "seeded" else ""
+        )
+        row["empirical_epsilon"] = privacy.empirical_epsilon
     if domains:  # the clients' mean personalization accuracy per natural group (domain)
         if at is None or not at.clients.pers_acc:
             raise ConfigError(f"{run.path}: no per-client scores recorded for round {row['round']}")

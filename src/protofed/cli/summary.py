@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from protofed.cli.common import EXIT_DIVERGED, console, err_console, pct
+from protofed.core.results import NOT_A_GUARANTEE
 
 SummaryView = tuple[Table, str, list[str]]
 
@@ -70,8 +71,20 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         cost += (
             f"\nprivacy ({privacy['mode']}): epsilon {spent} at delta {privacy['delta']:g}, "
             f"noise multiplier {privacy['noise_multiplier']:.3g}, clip norm "
-            f"{privacy['clip_norm']:.3g}"
+            f"{privacy['clip_norm']:.3g}, {privacy.get('accountant', 'rdp')} accountant"
         )
+        if privacy.get("empirical_epsilon") is not None:
+            cost += (
+                f"; audit: empirical epsilon {privacy['empirical_epsilon']:.3g} from "
+                f"{privacy['audit_canaries']} canaries"
+            )
+        for caveat in privacy.get("caveats", []) or (
+            [NOT_A_GUARANTEE] if privacy.get("noise", "seeded") == "seeded" else []
+        ):
+            said = (
+                f"epsilon is {caveat}" if caveat == NOT_A_GUARANTEE else f"epsilon holds {caveat}"
+            )
+            cost += "\n  " + said
     return table, cost, [str(w) for w in summary.get("warnings", [])]
 
 

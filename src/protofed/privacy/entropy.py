@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from protofed.core.results import NOT_A_GUARANTEE
 from protofed.core.seeding import (
     PRIVACY_CLIENT,
     PRIVACY_SERVER,
@@ -33,8 +34,7 @@ from protofed.core.seeding import (
     torch_generator,
 )
 
-NOT_A_GUARANTEE = "not a guarantee: the noise can be regenerated from the config"
-"""What every output says of an epsilon whose noise came from the seed (privacy.noise=seeded)."""
+__all__ = ["NOT_A_GUARANTEE", "NoiseSource", "SecureNoise", "SeededNoise", "private_sample"]
 
 
 class NoiseSource(Protocol):
