@@ -317,16 +317,36 @@ def test_the_experiments_readme_lists_every_page_spec_and_script() -> None:
     assert present and listed == present
 
 
+def _read_back(config: dict) -> dict:
+    """`config` as `RunDir.config` reads it from a run directory's config.yaml."""
+    import tempfile
+
+    from protofed.runs import RunDir
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.yaml").write_text(yaml.safe_dump(config))
+        return RunDir(folder).config()
+
+
 def test_a_natural_run_that_recorded_its_client_count_is_the_spec_s_run():
-    """A natural partition's run writes the clients it built (`num_clients: 9` for HHAR's 9
-    users) into config.yaml; the sweep must still see it as the spec's run (not "changed")."""
+    """A natural partition's run over every group writes the clients it built
+    (`num_clients: 9`, `clients: all` for HHAR's 9 users) into config.yaml; the sweep must
+    still see it as the spec's run (not "changed"), and so a run written before data.clients
+    (`num_clients` as recorded, no `clients`). A spec that draws 3 groups is another run."""
     from protofed.config import build_config
     from protofed.sweep import config_digest
 
-    spec = build_config({"data": {"name": "digits", "partition": "natural", "num_clients": 10}})
+    spec = build_config({"data": {"name": "digits", "partition": "natural"}})
     recorded = spec.model_copy(deep=True)
+    recorded.data.clients = "all"
     recorded.data.num_clients = 9
     assert config_digest(spec) == config_digest(recorded)
+    before = {**recorded.to_dict(), "data": {**recorded.to_dict()["data"], "num_clients": 10}}
+    del before["data"]["clients"]
+    assert config_digest(spec) == config_digest(build_config(_read_back(before)))
+    three = spec.model_copy(deep=True)
+    three.data.num_clients = 3
+    assert config_digest(three) != config_digest(spec)
     other = spec.model_copy(deep=True)
     other.data.partition = "iid"
     moved = other.model_copy(deep=True)

@@ -97,7 +97,18 @@ class DynamicConfig(_Section):
 class DataConfig(_Section):
     name: str = "digits"
     partition: Literal["iid", "dirichlet", "pathological", "natural", "mixed"] = "dirichlet"
-    num_clients: int = Field(10, ge=1)
+    num_clients: int | None = Field(
+        None,
+        ge=1,
+        validate_default=True,
+        description="Clients to simulate (unset: 10). natural: that many groups, drawn from "
+        "the seed; unset: every group.",
+    )
+    clients: list[str | int] | Literal["all"] | None = Field(
+        None,
+        description="natural: the groups (subjects, users, ...) to use, by name; 'all': every "
+        "group, data.num_clients not read (how runs before the key read a natural partition).",
+    )
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (label skew).")
     classes_per_client: int = Field(
         2, ge=1, description="pathological / mixed: classes per client."
@@ -140,6 +151,12 @@ class DataConfig(_Section):
     dynamic: DynamicConfig = Field(
         default_factory=DynamicConfig, description="Classes withheld and given back over rounds."
     )
+
+    @field_validator("num_clients")
+    @classmethod
+    def _ten_unless_natural(cls, v: int | None, info: ValidationInfo) -> int | None:
+        """Unset: 10 clients, except for a natural partition (one client per group)."""
+        return 10 if v is None and info.data.get("partition") != "natural" else v
 
     @field_validator("dir")
     @classmethod

@@ -199,6 +199,9 @@ class RunDir:
             raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__})") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: not a config (a mapping of sections expected)")
+        data = raw.get("data")
+        if isinstance(data, dict) and data.get("partition") == "natural" and "clients" not in data:
+            data["clients"] = "all"  # written before data.clients: every group, the count unread
         return raw
 
     def info(self) -> dict:

@@ -378,13 +378,19 @@ def select_runs(runs: list[SweepRun], only: list[str] | None) -> list[SweepRun]:
 # the sweep folder ------------------------------------------------------------------------
 def config_digest(cfg: ExperimentConfig | Mapping[str, Any]) -> str:
     """What makes two runs the same experiment: the resolved config, data.dir left out (the
-    same data may live in another folder), and so is data.num_clients under a natural
-    partition (one client a group, whatever it says; a run records the count it built)."""
+    same data may live in another folder). A natural partition over every group (data.clients
+    and data.num_clients unset, or `clients: all`, which a run records with the count it
+    built) counts as `clients: all` whatever data.num_clients says."""
     data = cfg.to_dict() if isinstance(cfg, ExperimentConfig) else copy.deepcopy(dict(cfg))
     if isinstance(data.get("data"), dict):
-        data["data"].pop("dir", None)
-        if data["data"].get("partition") == "natural":
-            data["data"].pop("num_clients", None)
+        section = data["data"]
+        section.pop("dir", None)
+        if section.get("partition") == "natural" and (
+            section.get("clients") == "all"
+            or (section.get("clients") is None and section.get("num_clients") is None)
+        ):
+            section["clients"] = "all"
+            section.pop("num_clients", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

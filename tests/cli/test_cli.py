@@ -283,7 +283,9 @@ def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
     shutil.copytree(out, old)
     # the same run as an earlier version wrote it: the configured count in both places
     cfg = old / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("num_clients: 5", "num_clients: 10", 1))
+    text = cfg.read_text().replace("num_clients: 5", "num_clients: 10", 1)
+    cfg.write_text(text.replace("  clients: all\n", "", 1))  # written before data.clients
+    assert "clients:" not in cfg.read_text().split("alpha:")[0].split("num_clients:")[1]
     ckpt = torch.load(old / "checkpoint.pt", weights_only=True)
     fp = json.loads(ckpt["fingerprint"]["config"])
     assert fp["data.num_clients"] == 5
@@ -294,6 +296,15 @@ def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
         done = protofed.resume(path)
         assert done.summary.num_clients == 5 and done.summary.rounds == 3
     assert protofed.load_run(out).history.equals(protofed.load_run(old).history)
+    # three of the five groups, drawn from the seed: recorded as asked, and resumed
+    picked = tmp_path / "picked"
+    with pytest.raises(Killed):
+        protofed.run(
+            {**config, "data": {**config["data"], "num_clients": 3}}, picked, on_round=kill
+        )
+    assert yaml.safe_load((picked / "config.yaml").read_text())["data"]["num_clients"] == 3
+    done = protofed.resume(picked)
+    assert done.summary.num_clients == 3 and done.summary.rounds == 3
 
 
 def test_version_prints_the_version():

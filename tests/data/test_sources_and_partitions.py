@@ -393,6 +393,48 @@ def test_natural_and_mixed_on_groups():
     assert [len(np.unique(ds.y[p])) for p in parts] == [2] * 7
 
 
+def test_natural_picks_num_clients_groups_from_the_seed():
+    """data.num_clients under a natural partition draws that many groups from the seed (its
+    own stream: the same groups for the same seed), in group order; unset, every group."""
+    ds = _grouped(n_groups=8, per=20)
+
+    def names(seed: int = 0, **kw) -> list[str]:
+        fed = build_federated(DataConfig(partition="natural", **kw), seed, dataset=ds)
+        return [c.name for c in fed.clients]
+
+    assert names() == [f"site_{g}" for g in range(8)]
+    three = names(num_clients=3)
+    assert len(three) == 3 and three == sorted(three, key=lambda n: int(n[5:]))
+    assert names(num_clients=3) == three and names(seed=0, num_clients=8) == names()
+    assert any(names(seed=s, num_clients=3) != three for s in range(1, 6))
+    assert names(clients="all", num_clients=3) == names()  # how runs before the key read it
+
+
+def test_natural_refuses_more_groups_than_exist_and_unknown_names():
+    ds = _grouped(n_groups=3)
+
+    def fed(**kw):
+        return build_federated(DataConfig(partition="natural", **kw), 0, dataset=ds)
+
+    assert [c.name for c in fed(clients=["site_2", "site_0"]).clients] == [
+        "site_0",
+        "site_2",
+    ]
+    cases = [
+        ({"num_clients": 4}, r"^data.num_clients=4 but grouped has 3 natural groups"),
+        ({"clients": ["site_0", "site_7"]}, r"^data.clients: 'site_7' is not a group"),
+        ({"clients": ["site_1", "site_1"]}, r"^data.clients names 'site_1' twice$"),
+        ({"clients": ["site_1"], "num_clients": 2}, r"^data.num_clients=2 but data.clients"),
+        ({"clients": []}, r"^data.clients is empty"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            fed(**kw)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^data.clients names natural groups"):
+        build_federated(DataConfig(partition="iid", clients=["site_0"]), 0, dataset=ds)
+
+
 @pytest.mark.shared_data
 def test_natural_on_uci_har(real):
     ds = real("uci_har")
@@ -400,7 +442,13 @@ def test_natural_on_uci_har(real):
     assert len(fed.clients) == 30
     assert [c.name for c in fed.clients[:2]] == ["subject_1", "subject_2"]
     assert [c.group for c in fed.clients] == list(range(30))
-    assert int(fed.counts.sum()) == 10299 and fed.meta["notes"]  # num_clients=10 was overridden
+    assert int(fed.counts.sum()) == 10299 and not fed.meta["notes"]  # every group, every sample
+    picked = build_federated(
+        DataConfig(name="uci_har", partition="natural", num_clients=3), 0, dataset=ds
+    )
+    assert len(picked.clients) == 3 and "3 of 30 groups" in picked.meta["notes"][0]
+    with pytest.raises(ConfigError, match=r"^data.num_clients=31 but uci_har has 30 natural"):
+        build_federated(DataConfig(name="uci_har", partition="natural", num_clients=31), 0, ds)
 
 
 @pytest.mark.shared_data

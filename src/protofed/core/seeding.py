@@ -19,6 +19,7 @@ EVALUATION = 15  # eval.generalization_samples: the union's stratified sample (e
 PRIVACY_CLIENT = 16  # privacy.mode=local: a client's noise, keyed by round and client
 PRIVACY_SERVER = 17  # privacy.mode=central: the server's noise, keyed by round
 AUDIT = 18  # privacy.audit: the canaries' directions and when they take part (privacy/audit.py)
+NATURAL_CLIENTS = 19  # data.num_clients under a natural partition: which groups (data/partition.py)
 
 
 def derive_seed(seed: int, *keys: int) -> int:

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from protofed.config import DataConfig
-from protofed.data.partition import partition
+from protofed.core.seeding import NATURAL_CLIENTS, numpy_generator
+from protofed.data.partition import partition, pick_groups
 from protofed.data.sources import load_dataset
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
@@ -270,10 +271,12 @@ def build_federated(cfg: DataConfig, seed: int, dataset: Dataset | None = None) 
         )
     parts = partition(cfg, ds, np.random.default_rng(np.random.SeedSequence([seed, 1])))
     notes: list[str] = []
-    if cfg.partition == "natural" and len(parts) != cfg.num_clients:
-        notes.append(
-            f"natural partition: {len(parts)} clients (one per group), not data.num_clients={cfg.num_clients}"
-        )
+    if cfg.partition == "natural":
+        groups = len(parts)
+        parts = pick_groups(cfg, ds, parts, numpy_generator(seed, NATURAL_CLIENTS))
+        if len(parts) < groups:
+            how = "named in data.clients" if cfg.clients is not None else "drawn from the seed"
+            notes.append(f"natural partition: {len(parts)} of {groups} groups, {how}")
     used = sum(len(p) for p in parts)
     if used < len(ds):
         notes.append(f"{cfg.partition} partition: {len(ds) - used} of {len(ds)} samples unused")

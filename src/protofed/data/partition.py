@@ -39,9 +39,14 @@ def _require_groups(dataset: Dataset, partition: str) -> np.ndarray:
     return dataset.groups
 
 
+def _count(cfg: DataConfig) -> int:
+    """data.num_clients outside a natural partition (validated to 10 when unset)."""
+    return 10 if cfg.num_clients is None else cfg.num_clients
+
+
 def iid(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
     """Uniform random split into num_clients near-equal parts (the homogeneous baseline)."""
-    return _finish(np.array_split(rng.permutation(len(dataset)), cfg.num_clients))
+    return _finish(np.array_split(rng.permutation(len(dataset)), _count(cfg)))
 
 
 def dirichlet(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
@@ -51,7 +56,7 @@ def dirichlet(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> li
     1/num_clients share stops receiving samples (keeps sizes comparable), and the whole draw is
     repeated until every client has at least min_size samples, at most max_retries times.
     """
-    n, k = len(dataset), cfg.num_clients
+    n, k = len(dataset), _count(cfg)
     if k * cfg.min_size > n:
         raise _dirichlet_error(cfg, n, "cannot give")
     by_class = [np.flatnonzero(dataset.y == c) for c in np.unique(dataset.y)]
@@ -137,7 +142,7 @@ def pathological(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) ->
     (two shards of one class on a client) are swapped away. If num_clients*classes_per_client
     is smaller than the number of classes, the classes left without a shard are not used.
     """
-    k, per = cfg.num_clients, cfg.classes_per_client
+    k, per = _count(cfg), cfg.classes_per_client
     present = np.unique(dataset.y)
     _check_classes_per_client(cfg, present, dataset)
     order = rng.permutation(present)
@@ -163,7 +168,8 @@ def pathological(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) ->
 
 
 def natural(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
-    """One client per natural group (subject, user, writer, domain); num_clients is ignored.
+    """One client per natural group (subject, user, writer, domain): every group here;
+    `pick_groups` then keeps those data.num_clients or data.clients ask for.
 
     A group with a single sample cannot hold both a training and a test sample, so it is left
     out (FEMNIST has such writers); the run's partition notes count the unused samples.
@@ -171,6 +177,54 @@ def natural(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list
     groups = _require_groups(dataset, "natural")
     members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
     return _finish([m for m in members if len(m) >= 2])
+
+
+def group_name(dataset: Dataset, group: int) -> str:
+    """A natural group's name, as its client is named (`group_<g>` where the source has none)."""
+    names = dataset.group_names
+    return names[group] if names is not None and group < len(names) else f"group_{group}"
+
+
+def pick_groups(
+    cfg: DataConfig, dataset: Dataset, parts: list[np.ndarray], rng: np.random.Generator
+) -> list[np.ndarray]:
+    """The natural partition's clients that data.clients names, or data.num_clients of them
+    drawn with `rng` (kept in group order); all of them when neither is set or with
+    data.clients=all. Asking for more groups than exist, or for one that does not exist, is a
+    one-line error."""
+    if cfg.clients == "all" or (cfg.clients is None and cfg.num_clients is None):
+        return parts
+    assert dataset.groups is not None  # natural() required them
+    named = {group_name(dataset, int(dataset.groups[p[0]])): p for p in parts}
+    if cfg.clients is None:
+        count = int(cfg.num_clients or 0)
+        if count > len(parts):
+            raise ConfigError(
+                f"data.num_clients={count} but {dataset.name} has {len(parts)} natural groups "
+                "(subjects, users, ...) that can be clients; lower it, or leave it unset for all"
+            )
+        chosen = np.sort(rng.choice(len(parts), size=count, replace=False))
+        return [parts[int(i)] for i in chosen]
+    wanted = [str(c) for c in cfg.clients]
+    if not wanted:
+        raise ConfigError("data.clients is empty; name at least one group, or leave it unset")
+    every = [group_name(dataset, int(g)) for g in np.unique(dataset.groups)]
+    for name in wanted:
+        if name not in named:
+            why = "has fewer than 2 samples" if name in every else "is not a group"
+            shown = ", ".join(every[:6]) + (", ..." if len(every) > 6 else "")
+            raise ConfigError(
+                f"data.clients: '{name}' {why} of {dataset.name} (its groups: {shown})"
+            )
+    if len(set(wanted)) != len(wanted):
+        twice = next(n for n in wanted if wanted.count(n) > 1)
+        raise ConfigError(f"data.clients names '{twice}' twice")
+    if cfg.num_clients is not None and cfg.num_clients != len(wanted):
+        raise ConfigError(
+            f"data.num_clients={cfg.num_clients} but data.clients names {len(wanted)} groups; "
+            "unset one of them"
+        )
+    return [p for name, p in named.items() if name in set(wanted)]
 
 
 def mixed(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[np.ndarray]:
@@ -189,14 +243,14 @@ def mixed(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> list[n
     domains = rng.permutation(np.unique(groups))
     takers: dict[tuple[int, int], list[int]] = {}
     n, spread = cfg.classes_per_client, cfg.classes_spread
-    for client in range(cfg.num_clients):
+    for client in range(_count(cfg)):
         d = int(domains[client % len(domains)])
         have = np.unique(dataset.y[groups == d])
         ways = n if spread == 0 else int(rng.integers(max(1, n - spread), n + spread + 1))
         chosen = rng.choice(have, size=min(ways, len(have)), replace=False)
         for c in chosen:
             takers.setdefault((d, int(c)), []).append(client)
-    parts: list[list[np.ndarray]] = [[] for _ in range(cfg.num_clients)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(_count(cfg))]
     for (d, c), clients in sorted(takers.items()):
         idx = rng.permutation(np.flatnonzero((groups == d) & (dataset.y == c)))
         for client, chunk in zip(clients, np.array_split(idx, len(clients)), strict=True):
@@ -219,8 +273,13 @@ def partition(cfg: DataConfig, dataset: Dataset, rng: np.random.Generator) -> li
         raise ConfigError(
             f"data.partition: unknown partitioner '{cfg.partition}' (valid: {', '.join(PARTITIONERS)})"
         )
-    if cfg.partition != "natural" and cfg.num_clients > len(dataset):
+    if cfg.partition != "natural" and cfg.clients is not None:
         raise ConfigError(
-            f"data.num_clients={cfg.num_clients} exceeds the {len(dataset)} samples of {dataset.name}"
+            f"data.clients names natural groups, but data.partition={cfg.partition}; set "
+            "data.partition=natural or unset data.clients"
+        )
+    if cfg.partition != "natural" and _count(cfg) > len(dataset):
+        raise ConfigError(
+            f"data.num_clients={_count(cfg)} exceeds the {len(dataset)} samples of {dataset.name}"
         )
     return PARTITIONERS[cfg.partition][1](cfg, dataset, rng)

@@ -33,14 +33,18 @@ def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
 
 def recorded_count(prepared: Prepared) -> Prepared:
     """`prepared` with `data.num_clients` the clients it built: a natural partition of 5
-    groups writes `num_clients: 5` into config.yaml whatever the config said (one client a
-    group; the key does not change that partition). The checkpoint's fingerprint is made from
-    this config too, so a new run resumes against the count it recorded, and a run written
-    before (its config.yaml and fingerprint both hold the configured count) resumes as well."""
-    built = len(prepared.fed.clients)
-    if prepared.cfg.data.partition != "natural" or prepared.cfg.data.num_clients == built:
+    groups writes `num_clients: 5` into config.yaml, and `clients: all` where it took every
+    group (data.num_clients and data.clients unset), so that the count is a record, not a
+    draw of 5 groups. The checkpoint's fingerprint is made from this config too, so a new run
+    resumes against the count it recorded; a run written before (its config.yaml without
+    `clients`, read as `clients: all` by `RunDir.config`) resumes as well."""
+    data, built = prepared.cfg.data, len(prepared.fed.clients)
+    every = data.clients is None and data.num_clients is None
+    if data.partition != "natural" or (data.num_clients == built and not every):
         return prepared
     cfg = prepared.cfg.model_copy(deep=True)
+    if every:
+        cfg.data.clients = "all"
     cfg.data.num_clients = built
     return dataclasses.replace(prepared, cfg=cfg)
 

@@ -45,12 +45,20 @@ LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "model.hart.mlp_activation": "gelu",
     "model.hart.embedding_activation": "relu",
     "train.stacked": "auto",
+    "data.clients": None,
     **{f"privacy.{key}": value for key, value in PrivacyConfig().model_dump(mode="json").items()},
 }
 """Keys added after checkpoints existed, left out while at the default that keeps their old
 behaviour, so those checkpoints still resume (tests/test_runs.py resumes a run written before
 the newest of them; a key added without an entry here fails it). (An unset generalization_samples keeps it only
 for test unions up to 20,000 samples: a larger run from before resumes scored on a sample.)"""
+
+
+LEFT_OUT_AS_BEFORE: dict[str, Any] = {"data.clients": "all"}
+"""Keys added after checkpoints existed, also left out at a value that reads a config the
+way runs before them did: `data.clients: all` (every natural group, data.num_clients not
+read) is what `RunDir.config` gives a natural run written before the key, and what a new
+natural run over every group records."""
 
 
 def fingerprint(prepared: Prepared) -> dict[str, str]:
@@ -69,6 +77,7 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
         and k != "model.init"
         and not k.startswith("pretrain.")
         and not (k in LEFT_OUT_AT_DEFAULT and v == LEFT_OUT_AT_DEFAULT[k])
+        and not (k in LEFT_OUT_AS_BEFORE and v == LEFT_OUT_AS_BEFORE[k])
     }
     out = {
         "config": json.dumps(config, sort_keys=True),
