@@ -525,6 +525,12 @@ class PrivacyConfig(_Section):
         "never recorded; seeded: from the config's seed, replayable by anyone who holds the "
         "config (simulations for research only: not a guarantee).",
     )
+    clear_evaluation: bool = Field(
+        False,
+        description="Flower deployment: let each client send its per-class test and "
+        "validation counts in the clear (outside epsilon, which then says so); false: a "
+        "private deployment is refused, its evaluation would leak them silently.",
+    )
     audit: int = Field(
         0,
         ge=0,

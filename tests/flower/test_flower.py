@@ -63,7 +63,12 @@ EQUIVALENT = ["fedavg", "fedali", "pfpl", "fedproto", "ditto", "fedsub"]
 TRAINED = ["eval.client_model=trained", "eval.f1_labels=union", "train.client_fraction=0.5"]
 # and under differential privacy: the server's noise on the mean (adaptive clipping, Poisson
 # sampling), and each client's own noise on its prototypes
-DP = ["privacy.enabled=true", "privacy.noise_multiplier=0.5", "privacy.prototype_clip=5"]
+DP = [
+    "privacy.enabled=true",
+    "privacy.noise_multiplier=0.5",
+    "privacy.prototype_clip=5",
+    "privacy.noise=seeded",  # equal numbers on both engines need replayable noise
+]
 VARIANTS = {
     "fedavg:trained": TRAINED,
     "fedali:trained": TRAINED,

@@ -53,6 +53,7 @@ from protofed.evaluation import class_counts
 from protofed.flower import wire
 from protofed.flower.partitions import Partition, federation_header, load_partition
 from protofed.models.base import FedModel
+from protofed.privacy import released_examples
 from protofed.runtime import Prepared, build_model_and_algorithm, prepare, run_fit
 from protofed.runtime.local import keeps_trained
 from protofed.runtime.prepare import resolve_device
@@ -87,8 +88,8 @@ class ClientSide:
             return {
                 "client": p.client,
                 "fingerprint": p.fingerprint,
-                "entry": p.entry,
-                "counts": p.counts,
+                "entry": private_entry(p.entry) if self.cfg.privacy.enabled else p.entry,
+                "counts": None if self.cfg.privacy.enabled else p.counts,
                 "federation": p.federation,
             }
         assert self.prepared is not None
@@ -96,13 +97,20 @@ class ClientSide:
         summary = fed.summary()
         if not 0 <= cid < len(fed.clients):
             return {"client": cid}  # a node beyond this federation (a shared simulation session)
+        private = self.cfg.privacy.enabled
         return {
             "client": cid,
             "fingerprint": wire.data_fingerprint(self.cfg),
-            "entry": summary["clients"][cid],
-            "counts": summary["counts"][cid],
+            "entry": private_entry(summary["clients"][cid]) if private else summary["clients"][cid],
+            "counts": None if private else summary["counts"][cid],
             "federation": federation_header(fed),
         }
+
+
+def private_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A private node's partition row, as its discovery header sends it: its name and
+    group (who it is, which the server knows anyway), never its sizes or class counts."""
+    return {"name": entry.get("name"), "group": entry.get("group")}
 
 
 _CACHE: dict[tuple[str, str], ClientSide] = {}
@@ -256,7 +264,8 @@ def train(msg: Message, context: Context) -> Message:
         trained = side.algorithm.trained_model(message, result)
         context.state[_trained_key(key)] = wire.to_record(trained)
     reply = result.reply if fault is None else _corrupt(result.reply, fault)
-    examples = 1e12 if fault == "inflate" else float(len(data.train_y))
+    examples = released_examples(side.cfg.privacy.enabled, len(data.train_y))
+    examples = 1e12 if fault == "inflate" else examples
     metrics = {**result.metrics, wire.NUM_EXAMPLES: examples}
     content = RecordDict({**wire.to_records(reply), wire.METRICS: wire.to_metrics(metrics)})
     return Message(content, reply_to=msg)
@@ -274,10 +283,22 @@ def evaluate(msg: Message, context: Context) -> Message:
     if model is None:  # received, or a client that never trained (as the built-in engine)
         model = side.algorithm.client_model(message, _state(context, key, device))
     if str(task["mode"]) == "scores":
+        privacy = side.cfg.privacy
+        if privacy.enabled and not privacy.clear_evaluation:  # the node's own refusal too
+            raise ConfigError(
+                "privacy.clear_evaluation: this node will not send its per-class counts in "
+                "the clear under privacy"
+            )
         scores = _scores(
             side, cid, server_round, model, msg.content.array_records.get(wire.GLOBAL), device
         )
         return Message(RecordDict({wire.SCORES: scores}), reply_to=msg)
+    if side.cfg.privacy.enabled and side.partition is not None:  # a deployed node
+        raise ConfigError(
+            "privacy.enabled: a deployed node does not send its personal model un-noised "
+            "(evaluation mode 'weights' is for simulations, whose evaluator holds every "
+            "client's data anyway)"
+        )
     # only what is not a tensor of the message: FedAvg's clients send nothing back, and the
     # server rebuilds the model from the very tensors it sent (shared models evaluated once)
     sent = {id(t): f"{rec}/{name}" for rec, arrays in message.items() for name, t in arrays.items()}

@@ -5,6 +5,15 @@ mean (`central`) or on each reply (`local`), epsilon from dp-accounting after ev
 """
 
 from protofed.privacy.accounting import calibrate, epsilon, round_event
-from protofed.privacy.private import Plan, Private, plan, private
+from protofed.privacy.private import Plan, Private, plan, private, released_examples
 
-__all__ = ["Plan", "Private", "calibrate", "epsilon", "plan", "private", "round_event"]
+__all__ = [
+    "Plan",
+    "Private",
+    "calibrate",
+    "epsilon",
+    "plan",
+    "private",
+    "released_examples",
+    "round_event",
+]

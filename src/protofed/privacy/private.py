@@ -333,7 +333,11 @@ class Private(Algorithm):
             noise=cfg.noise,
             audit_canaries=cfg.audit,
             empirical_epsilon=self.empirical_epsilon(server),
-            caveats=caveats(self.secure, bool(_apart(server)[1].get(PRESENCE, False))),
+            caveats=caveats(
+                self.secure,
+                bool(_apart(server)[1].get(PRESENCE, False)),
+                cfg.clear_evaluation,
+            ),
         )
 
     # evaluation --------------------------------------------------------------------------
@@ -352,14 +356,29 @@ class Private(Algorithm):
         return self.inner.prototypes(_apart(server)[0])
 
 
-def caveats(secure: bool, class_presence: bool) -> list[str]:
+PUBLIC_EXAMPLES = 1.0
+"""What a private client reports as its example count: a public constant. Its real size is
+data about it that no mechanism noises (and privacy weighs every reply alike anyway)."""
+
+
+def released_examples(private: bool, examples: int) -> float:
+    """The example count a client's reply carries: its own, or the public constant."""
+    return PUBLIC_EXAMPLES if private else float(examples)
+
+
+def caveats(secure: bool, class_presence: bool, clear_evaluation: bool = False) -> list[str]:
     """What a run's epsilon does not cover, in the words every output prints beside it:
-    seeded noise (no guarantee at all), and class presence, released in the clear by the
-    methods that send prototype tables (FedProto, PFPL, FedDPA, ProtoHAR, FedNH, FedPAC)."""
+    seeded noise (no guarantee at all); class presence, released in the clear by the
+    methods that send prototype tables (FedProto, PFPL, FedDPA, ProtoHAR, FedNH, FedPAC);
+    a deployment's evaluation counts where `privacy.clear_evaluation` lets them go."""
     out = [] if secure else [NOT_A_GUARANTEE]
-    return out + [CLASS_PRESENCE] if class_presence else out
+    out += [CLASS_PRESENCE] if class_presence else []
+    return out + [CLEAR_EVALUATION] if clear_evaluation else out
 
 
+CLEAR_EVALUATION = (
+    "except each client's per-class evaluation counts, sent in the clear (privacy.clear_evaluation)"
+)
 CLASS_PRESENCE = (
     "except which classes each client holds: prototype tables send their class indices "
     "in the clear (docs/privacy.md)"

@@ -32,6 +32,7 @@ from protofed.core.types import (
 from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models.base import FedModel
+from protofed.privacy import released_examples
 from protofed.runtime.guard import checked
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
@@ -253,7 +254,8 @@ class InProcessTransport:
         check (timed where it ran: its share of the wall clock is that time over the
         processes checking in parallel)."""
         examples = len(self.prepared.client_data(client, server_round).train_y)
-        reply = Reply(client, result.reply, result.metrics, float(examples))
+        count = released_examples(self.prepared.cfg.privacy.enabled, examples)
+        reply = Reply(client, result.reply, result.metrics, count)
         share = Checked(check.bad, check.wall_s / self.workers)
         return Delivery(reply, down, nbytes(result.reply), share)
 
