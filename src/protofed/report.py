@@ -56,7 +56,11 @@ METRICS: list[tuple[str, str, int]] = [
     ("epsilon", "", 2),
 ]
 UNITS = {name: (unit, decimals) for name, unit, decimals in METRICS}
-INFO = ["algorithm", "dataset", "seed"]  # per run, not averaged
+INFO = ["algorithm", "dataset", "seed", "status"]  # per run, not averaged
+COMPLETE = "complete"
+# a run's status: summary.json's (complete, diverged), or `incomplete` for a complete one
+# that trained fewer rounds than its config's train.rounds (stopped early, config edited)
+STATUSES = (COMPLETE, "diverged", "incomplete")
 CSV_DECIMALS = 6  # the CSV carries the same units with more decimals
 STD_NOTE = "sample std over runs (ddof = 1), blank for n = 1"
 
@@ -80,6 +84,7 @@ IGNORED_KEYS = (
 # the columns the printed table keeps (a terminal is narrow; the Markdown has them all)
 PRINTED = (
     "round",
+    "rounds",
     "pers_acc",
     "pers_f1",
     "pers_f1_client_std",
@@ -90,6 +95,18 @@ PRINTED = (
     "MB_per_round",
     "s_per_round",
     "epsilon",
+)
+# the printed columns dropped first when the terminal is too narrow for the table
+DROP_FIRST = (
+    "s_per_round",
+    "MB_per_round",
+    "global_acc",
+    "gen_acc",
+    "pers_acc",
+    "pers_f1_client_std",
+    "epsilon",
+    "global_f1",
+    "gen_f1",
 )
 WHICH = ("selected", "final")
 LABEL_FIRST = ("algorithm.name", "data.name")  # a group label starts with these keys
@@ -198,15 +215,19 @@ def run_row(
         server = dict(part.server)
         scored_round = part.round
     rounds = max(summary.rounds, 1)
+    config = flatten(_resolved(run.config()), keep_empty=False)
     up, down = summary.comm.up_bytes / 1e6, summary.comm.down_bytes / 1e6
     row: dict[str, Any] = {
         "run": name or run.path.name,
         "algorithm": summary.algorithm,
         "dataset": summary.dataset,
         "seed": summary.seed,
+        "status": run_status(summary, config.get("train.rounds")),
         "round": scored_round,
         "rounds": summary.rounds,
     }
+    if summary.diverged:
+        row["diverged"] = summary.diverged
     row.update(scores)
     f1s = [r.personalization.f1 for r in history if r.personalization.f1 is not None]
     at = next((r for r in history if r.round == scored_round), None)
@@ -233,8 +254,28 @@ def run_row(
         if isinstance(value, int | float) and not isinstance(value, bool):
             row[f"server.{key}"] = float(value)
     row["path"] = str(run.path)
-    row["config"] = flatten(_resolved(run.config()), keep_empty=False)
+    row["config"] = config
     return row
+
+
+def run_status(summary: Summary, planned: Any) -> str:
+    """`diverged` (summary.json's status), `incomplete` (complete, but fewer rounds than the
+    config's train.rounds), else `complete`."""
+    if summary.status != COMPLETE:
+        return summary.status
+    if isinstance(planned, int) and summary.rounds < planned:
+        return "incomplete"
+    return COMPLETE
+
+
+def group_status(runs: Sequence[Mapping[str, Any]]) -> str:
+    """A group's status: `complete` when all its runs are, else how many are not, per kind
+    (`1/2 diverged`, `1/3 diverged, 1/3 incomplete`)."""
+    counts = Counter(str(r.get("status", COMPLETE)) for r in runs)
+    counts.pop(COMPLETE, None)
+    if not counts:
+        return COMPLETE
+    return ", ".join(f"{k}/{len(runs)} {status}" for status, k in sorted(counts.items()))
 
 
 def _resolved(raw: dict) -> dict:
@@ -452,6 +493,20 @@ def relabel(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[s
     """The figures' label of each group: `labels[KEY]` for the group KEY names (see
     `label_matches`), else its readable label (`Group.short`). A KEY that names no group, or
     more than one, or two KEYs naming one group, is a ConfigError."""
+    given = _given_labels(groups, labels)
+    return [given.get(i, g.short or g.label) for i, g in enumerate(groups)]
+
+
+def table_labels(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[str]:
+    """The table's label of each group: `labels[KEY]` for the group KEY names (as
+    `relabel`), else its table label (`Group.label`: `algorithm.name=fedavg`, or the run's
+    name in a table of one run per row)."""
+    given = _given_labels(groups, labels)
+    return [given.get(i, g.label) for i, g in enumerate(groups)]
+
+
+def _given_labels(groups: Sequence[Group], labels: Mapping[str, str] | None) -> dict[int, str]:
+    """{group index: TEXT} of `labels`, checked (see `relabel`)."""
     out = [g.short or g.label for g in groups]
     given: dict[int, str] = {}
     for key, text in (labels or {}).items():
@@ -466,7 +521,7 @@ def relabel(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[s
     for label in given.values():
         if re.search(r"(^|[\s=])(/|[A-Za-z]:\\)", label):
             raise ConfigError(f"label '{label}' is a path: give the group a name")
-    return [given.get(i, label) for i, label in enumerate(out)]
+    return given
 
 
 def parse_labels(items: Sequence[str], groups: Sequence[Group]) -> dict[str, str]:
@@ -505,7 +560,7 @@ def metric_columns(rows: list[dict]) -> list[str]:
 
 
 def summarize(groups: list[Group]) -> list[dict]:
-    """One row per group: label, algorithm, dataset, n, seeds, and `<metric>_mean`,
+    """One row per group: label, algorithm, dataset, n, seeds, status, and `<metric>_mean`,
     `<metric>_std` (sample std over the group's runs, ddof = 1) of every metric."""
     all_rows = [r for g in groups for r in g.runs]
     out = []
@@ -516,6 +571,7 @@ def summarize(groups: list[Group]) -> list[dict]:
             row[info] = seen[0] if len(seen) == 1 else "/".join(seen)
         row["n"] = g.n
         row["seeds"] = " ".join(str(r.get("seed")) for r in g.runs)
+        row["status"] = group_status(g.runs)
         for col in metric_columns(all_rows):
             row[f"{col}_mean"], row[f"{col}_std"] = g.stats(col)
         out.append(row)
@@ -566,10 +622,10 @@ def cells(rows: list[dict], only: Sequence[str] | None = None) -> tuple[list[str
     the metric columns to keep (the printed table keeps PRINTED)."""
     metrics = [m for m in shown_metrics(rows) if only is None or m in only]
     if is_grouped(rows):
-        head = ["group", "n", *metrics]
+        head = ["group", "n", "status", *metrics]
         body = []
         for r in rows:
-            line = [str(r["group"]), str(r["n"])]
+            line = [str(r["group"]), str(r["n"]), str(r.get("status", COMPLETE))]
             for m in metrics:
                 mean, std = r.get(f"{m}_mean"), r.get(f"{m}_std")
                 text = format_value(mean, m)
@@ -602,7 +658,10 @@ def note(rows: list[dict], which: str | int = "selected") -> str:
         f"Scores of {when}, in % (mean over clients; *_client_std: population std across "
         f"clients); {spread}MB per round (up + down, all clients), s per round (wall time); "
         "pers_f1_all_rounds: mean pers. F1 over the evaluated rounds; train_loss at the "
-        "reported round; server.*: the server's metrics, 4 significant digits."
+        "reported round; server.*: the server's metrics, 4 significant digits; rounds: the "
+        "rounds each run trained; status: complete, diverged (stopped at NaN or inf) or "
+        "incomplete (fewer rounds than its train.rounds): a run that stopped early is scored "
+        "over the rounds it trained."
     )
 
 
@@ -615,10 +674,11 @@ def to_markdown(rows: list[dict], which: str | int = "selected") -> str:
 
 
 def csv_columns(rows: list[dict]) -> list[str]:
-    """CSV columns: grouped, `group, algorithm, dataset, n, seeds, <m>_mean, <m>_std`; per
-    run, `run, algorithm, dataset, seed, <m>`, over every metric (empty ones too)."""
+    """CSV columns: grouped, `group, algorithm, dataset, n, seeds, status, <m>_mean, <m>_std`;
+    per run, `run, algorithm, dataset, seed, status, <m>`, over every metric (empty ones
+    too)."""
     if is_grouped(rows):
-        fixed = ["group", "algorithm", "dataset", "n", "seeds"]
+        fixed = ["group", "algorithm", "dataset", "n", "seeds", "status"]
         return fixed + [c for c in rows[0] if c.endswith(("_mean", "_std"))]
     return ["run", *INFO, *metric_columns(rows)]
 
