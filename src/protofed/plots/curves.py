@@ -13,15 +13,21 @@ around a group's mean curve (`band=`, `BANDS`):
   quantile is 12.7, so a 95 % CI is 9 times as wide as s: honest, but a band that fills the
   axes shows nothing; ±s says how far two seeds lie apart, and the caption says which it is.
 
-A group of one run has no band. The y axis is scaled to the mean curves (a band may reach
-past the means by half their span, no further), so that no band rescales the axes. Rounds
-where a class returns to some clients (`data.dynamic`) are dotted lines. Labels:
-`protofed.report.relabel` (`labels=`); sizes and fonts: `protofed.plots.STYLES` (`style=`).
+A group of one run has no band, and a title names a band only where one is drawn. The y
+axis is scaled to the mean curves (a band may reach past the means by half their span, no
+further), so that no band rescales the axes. Curves are drawn at the evaluated rounds, and
+the round ticks are those rounds (every k-th where there are many). A run that stopped
+early (status diverged or incomplete, `protofed.report.run_status`) ends with an `x` on its
+group's curve at its last evaluated round. Rounds where a class returns to some clients
+(`data.dynamic`) are dotted lines. Each label has one colour and dash style in every figure
+of a report (`label_styles`). Labels: `protofed.report.relabel` (`labels=`); sizes and fonts:
+`protofed.plots.STYLES` (`style=`); panels: `PANELS` (`panels=`).
 """
 
 from __future__ import annotations
 
 import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,8 +49,9 @@ from protofed.plots import (
     set_title,
     style_context,
     style_of,
+    wrap_text,
 )
-from protofed.report import Group, n_suffixes, relabel
+from protofed.report import COMPLETE, Group, n_suffixes, relabel
 from protofed.runs import PARTITION
 
 if TYPE_CHECKING:
@@ -58,6 +65,41 @@ CURVES = [
     ("global_f1", "global model macro-F1 (%)", "global F1 (%)", True),
     ("train_loss", "training loss (log scale, geometric mean)", "training loss", False),
 ]
+PANELS = tuple(column for column, _, _, _ in CURVES)  # the names `--panels` takes
+# the panel title says whose training loss it is: the `loss` each client's fit reports
+LOSS_TITLE = "training loss (as reported by each client's fit)"
+# where that loss is not the loss of the model the algorithm personalizes
+LOSS_OF = {
+    "ditto": "the global model's loss, not the personal one's",
+    "fedrep": "the body phase's loss",
+    "fedbabu": "the body's loss, before fine-tuning",
+}
+# a fixed palette (tab10, then tab20's lighter shades) and the dash styles cycled over labels
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#c7c7c7",
+    "#dbdb8d",
+    "#9edae5",
+)
+DASHES = ("-", "--", "-.", ":")
+STOP_MARKER = "x"  # the last evaluated round of a run that stopped early
+MAX_TICKS = {"screen": 10, "paper": 5, "paper-wide": 6}
 CONFIDENCE = 0.95
 BAND_ALPHA = 0.2
 BANDS = ("auto", "std", "ci", "none")
@@ -66,7 +108,7 @@ BAND_TEXT = {
     "std": "mean ± 1 sample std over seeds (ddof = 1)",
     "none": "no band",
 }
-BAND_SHORT = {"ci": "95 % CI band", "std": "±1 std band", "none": "no band"}
+BAND_SHORT = {"ci": "95 % CI", "std": "±1 std", "none": "no band"}
 CURVES_NAME, CLIENTS_NAME, PERS_GEN_NAME = "curves", "clients", "pers_gen"
 
 
@@ -139,11 +181,57 @@ def curve_matrix(
     return rounds, values
 
 
-def _colors(count: int) -> list:
-    import matplotlib
+def label_styles(labels: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each label's (colour, dash style), the same in every figure of a report: a label's
+    colour is the palette's entry at a stable hash of its text (CRC-32; the next free one
+    where two labels meet, the labels taken in sorted order), so a method keeps its colour
+    across figures and, where no two labels meet, across reports; its dash style cycles over
+    the labels in sorted order, so two labels whose curves coincide (FedAvg's and Ditto's
+    global model) still show both."""
+    names = sorted(set(labels))
+    size = 10 if len(names) <= 10 else len(PALETTE)
+    taken: set[int] = set()
+    out = {}
+    for k, name in enumerate(names):
+        slot = zlib.crc32(name.encode()) % size
+        while slot in taken and len(taken) < size:
+            slot = (slot + 1) % size
+        taken.add(slot)
+        out[name] = (PALETTE[slot], DASHES[k % len(DASHES)])
+    return out
 
-    cmap = matplotlib.colormaps["tab10" if count <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(count)]
+
+def _styles(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """(colour, dash style) of each group, keyed by its label (`label_styles`)."""
+    names = relabel(groups, labels)
+    styles = label_styles(names)
+    return [styles[name] for name in names]
+
+
+def stopped_runs(group: Group) -> list[dict]:
+    """The group's runs that stopped early: status diverged or incomplete."""
+    return [r for r in group.runs if r.get("status", COMPLETE) != COMPLETE]
+
+
+def parse_panels(text: str | Sequence[str]) -> list[str]:
+    """`--panels pers_f1,train_loss` as a list of `PANELS` names; an unknown name is a
+    ConfigError naming it."""
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    names = [n for n in names if n]
+    for name in names:
+        if name not in PANELS:
+            raise ConfigError(f"--panels: unknown panel '{name}' (known: {', '.join(PANELS)})")
+    if not names:
+        raise ConfigError(f"--panels: name at least one panel ({', '.join(PANELS)})")
+    return list(dict.fromkeys(names))
+
+
+def round_ticks(rounds: Sequence[int], most: int) -> list[int]:
+    """The x ticks of a curve panel: the evaluated rounds, or where there are more than
+    `most`, every k-th of them counted back from the last."""
+    rounds = sorted({int(r) for r in rounds})
+    step = max(1, -(-len(rounds) // most))
+    return rounds[::-1][::step][::-1]
 
 
 def legend_labels(groups: Sequence[Group], labels: Mapping[str, str] | None = None) -> list[str]:
@@ -224,10 +312,15 @@ def _panel_grid(count: int, groups: int, style: Style) -> tuple[float, float, in
 
 
 def _draw_curve(
-    ax: Axes, rounds: np.ndarray, values: np.ndarray, color: object, how: tuple[str, bool, bool]
+    ax: Axes,
+    rounds: np.ndarray,
+    values: np.ndarray,
+    style: tuple[str, str],
+    how: tuple[str, bool, bool],
 ) -> tuple[object, np.ndarray, np.ndarray]:
     """One group's mean curve and its band on `ax`: (line, mean, band edges)."""
     band, score, log_scale = how
+    color, dash = style
     if log_scale:  # a loss on a log axis: the band of log(loss), which stays positive
         mean, low, high = np.exp(mean_band(np.log(values), band))
     else:
@@ -235,23 +328,85 @@ def _draw_curve(
     if score:  # a score lies in [0, 100]: so does the part of its band worth drawing
         low, high = np.clip(low, 0, 100), np.clip(high, 0, 100)
     few = len(rounds) <= 12  # a run scored a few times: its points, not only a line
-    (line,) = ax.plot(rounds, mean, color=color, marker="o" if few else None)
+    finite = np.isfinite(mean)  # rounds no run of the group reached are not drawn
+    (line,) = ax.plot(
+        rounds[finite], mean[finite], color=color, ls=dash, marker="o" if few else None
+    )
     if band != "none" and values.shape[0] > 1 and np.isfinite(low).any():
         ax.fill_between(rounds, low, high, color=color, alpha=BAND_ALPHA, lw=0)
     return line, mean, np.concatenate([low, high])
 
 
-def _curve_panels(groups: Sequence[Group]) -> list[tuple[str, str, str, bool, list]]:
+def _curve_panels(
+    groups: Sequence[Group], chosen: Sequence[str] | None = None
+) -> list[tuple[str, str, str, bool, list]]:
+    """The curve panels with data: `chosen` (PANELS names, in that order; one that no run
+    recorded is a ConfigError) or every one recorded."""
     cache: dict[str, pd.DataFrame] = {}
     panels = []
-    for column, label, short, score in CURVES:
+    wanted = PANELS if chosen is None else parse_panels(chosen)
+    for column, label, short, score in sorted(
+        (c for c in CURVES if c[0] in wanted), key=lambda c: wanted.index(c[0])
+    ):
         data = [curve_matrix(g, column, cache) for g in groups]
         if any(np.isfinite(v).any() for _, v in data):
             panels.append((column, label, short, score, data))
+        elif chosen is not None:
+            raise ConfigError(f"--panels: no run recorded {column}, the panel '{column}'")
     if not panels:
         runs = ", ".join(str(r["path"]) for g in groups for r in g.runs)
         raise ConfigError(f"nothing to plot: no evaluated round in the metrics.jsonl of {runs}")
     return panels
+
+
+def curves_title(groups: Sequence[Group], band: str) -> str:
+    """The learning curves' default title: a band named only where one is drawn (n > 1)."""
+    many = sorted({g.n for g in groups if g.n > 1})
+    if not many:
+        return "Learning curves: one run per group"
+    n = str(many[0]) if len(many) == 1 else f"{many[0]}-{many[-1]}"
+    if band == "none":
+        return f"Learning curves: mean over {n} seeds"
+    alone = ", none for one run" if min(g.n for g in groups) == 1 else ""
+    return f"Learning curves: mean, {BAND_SHORT[band]} over {n} seeds{alone}"
+
+
+def _loss_note(groups: Sequence[Group], names: Sequence[str]) -> str:
+    """Whose training loss a group's curve is, where it is not the personalized model's."""
+    notes = []
+    for g, name in zip(groups, names, strict=True):
+        algos = {str(r.get("algorithm", "")).split("+")[0] for r in g.runs}
+        for algo in sorted(algos & set(LOSS_OF)):
+            notes.append(f"{name}: {LOSS_OF[algo]}")
+    return "; ".join(dict.fromkeys(notes))
+
+
+def _mark_stops(
+    ax: Axes, group: Group, rounds: np.ndarray, values: np.ndarray, mean: np.ndarray, color: str
+) -> list[str]:
+    """An `x` on the group's curve at the last evaluated round of each run that stopped
+    early; the statuses marked."""
+    marked = []
+    for i, run in enumerate(group.runs):
+        if run.get("status", COMPLETE) == COMPLETE:
+            continue
+        have = np.flatnonzero(np.isfinite(values[i]))
+        if have.size == 0 or not np.isfinite(mean[have[-1]]):
+            continue
+        j = have[-1]
+        ax.plot(
+            [rounds[j]],
+            [mean[j]],
+            ls="none",
+            marker=STOP_MARKER,
+            ms=9,
+            mew=2,
+            color=color,
+            zorder=4,
+            label=f"_stopped {run.get('status')}",
+        )
+        marked.append(str(run.get("status")))
+    return marked
 
 
 def learning_curves(
@@ -261,27 +416,32 @@ def learning_curves(
     labels: Mapping[str, str] | None = None,
     band: str = "auto",
     style: str | Style = "screen",
+    panels: Sequence[str] | None = None,
 ) -> Figure:
     """Pers. F1, gen. F1 and global F1 (where recorded) and the training loss against the
     round: one line per group (mean over its runs) with its band over runs (`band`: auto,
-    std, ci, none). `title`: None the default, "" none (no panel titles either)."""
-    from matplotlib.ticker import MaxNLocator
+    std, ci, none). `title`: None the default, "" none (no panel titles either). `panels`:
+    the PANELS to draw, in order (default: each one recorded)."""
+    from matplotlib.lines import Line2D
 
     chosen, band = get_style(style), choose_band(groups, band)
     names = legend_labels(groups, labels)
-    panels = _curve_panels(groups)
+    styles = _styles(groups, labels)
+    drawn = _curve_panels(groups, panels)
     with style_context(chosen):
-        width, height, rows, cols = _panel_grid(len(panels), len(groups), chosen)
+        width, height, rows, cols = _panel_grid(len(drawn), len(groups), chosen)
         fig, flat = new_grid(width, height, rows, cols, layout="constrained", style=chosen)
-        colors, arrivals = _colors(len(groups)), _arrivals(groups)
+        arrivals = _arrivals(groups)
         handles: list = []
-        for ax, (column, label, short, score, data) in zip(flat, panels, strict=False):
+        stops: set[str] = set()
+        for ax, (column, label, short, score, data) in zip(flat, drawn, strict=False):
             log_scale = column == "train_loss" and all(
                 (v[np.isfinite(v)] > 0).all() for _, v in data
             )
             means, edges = [], []
-            for color, (rounds, values) in zip(colors, data, strict=True):
-                line, mean, edge = _draw_curve(ax, rounds, values, color, (band, score, log_scale))
+            for g, look, (rounds, values) in zip(groups, styles, data, strict=True):
+                line, mean, edge = _draw_curve(ax, rounds, values, look, (band, score, log_scale))
+                stops |= set(_mark_stops(ax, g, rounds, values, mean, look[0]))
                 means.append(mean)
                 edges.append(edge)
                 if ax is flat[0]:
@@ -292,22 +452,31 @@ def learning_curves(
                 ax.set_yscale("log")
                 _plain_log_axis(ax, chosen.paper)
             _limit_to_means(ax, means, edges, log_scale)
-            ax.xaxis.set_major_locator(
-                MaxNLocator(nbins=5 if chosen.paper else "auto", integer=True)
-            )
-            ax.set_xlabel("round")
+            evaluated = sorted({int(r) for rounds, _ in data for r in rounds})
+            ticks = round_ticks(evaluated, MAX_TICKS.get(chosen.name, 10))
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            if len(ticks) < len(evaluated):
+                ax.set_xticks(evaluated, minor=True)
+            xlabel = "round"
+            if column == "train_loss" and (whose := _loss_note(groups, relabel(groups, labels))):
+                size = float(ax.xaxis.label.get_fontsize())
+                xlabel += "\n" + wrap_text(f"({whose})", 0.95 * width / cols, size)
+            ax.set_xlabel(xlabel)
             ax.set_ylabel(short if chosen.paper else label)
             if title != "" and not chosen.paper:
-                ax.set_title(label.split(" (")[0])
+                ax.set_title(LOSS_TITLE if column == "train_loss" else label.split(" (")[0])
             ax.grid(alpha=0.3)
-        for ax in flat[len(panels) :]:
+        for ax in flat[len(drawn) :]:
             ax.set_visible(False)
         shown = list(names)
         if arrivals:
-            handles.append(flat[0].lines[-1])
+            handles.append(next(x for x in flat[0].lines if x.get_label() == "returns"))
             shown.append("a class returns")
+        if stops:
+            handles.append(Line2D([], [], ls="none", marker=STOP_MARKER, color="black", mew=2))
+            shown.append(f"a run stopped early ({', '.join(sorted(stops))})")
         legend_below(fig, handles, shown)
-        set_title(fig, title, f"Learning curves: mean over seeds, {BAND_SHORT[band]}")
+        set_title(fig, title, curves_title(groups, band))
     return fig
 
 
@@ -345,7 +514,8 @@ def client_distributions(
             data, positions=positions, widths=0.55, showfliers=False, medianprops={"color": "black"}
         )
         rng = np.random.default_rng(0)  # jitter only: where a point sits sideways means nothing
-        for pos, scores, color in zip(positions, data, _colors(len(groups)), strict=True):
+        colors = [color for color, _ in _styles(groups, labels)]
+        for pos, scores, color in zip(positions, data, colors, strict=True):
             ax.scatter(
                 pos + rng.uniform(-0.18, 0.18, len(scores)),
                 scores,
@@ -387,13 +557,29 @@ def pers_vs_gen(
         else:
             size = (6.4, 4.8 + 0.22 * len(groups))
         fig, ax = new_figure(*size, layout="constrained", style=chosen)
-        handles, shown = [], []
-        for g, color, name in zip(groups, _colors(len(groups)), names, strict=True):
-            pts = [(r["gen_f1"], r["pers_f1"]) for r in g.runs if r.get("gen_f1") is not None]
-            if not pts:
+        handles: list = []
+        shown: list[str] = []
+        colors = [color for color, _ in _styles(groups, labels)]
+        stopped = False
+        for g, color, name in zip(groups, colors, names, strict=True):
+            runs = [r for r in g.runs if r.get("gen_f1") is not None]
+            if not runs:
                 continue
-            x, y = np.array(pts).T
-            ax.scatter(x, y, color=color, s=12 if chosen.paper else 22, alpha=0.6, lw=0)
+            x, y = np.array([(r["gen_f1"], r["pers_f1"]) for r in runs]).T
+            early = np.array([r.get("status", COMPLETE) != COMPLETE for r in runs])
+            dot = 12 if chosen.paper else 22
+            ax.scatter(x[~early], y[~early], color=color, s=dot, alpha=0.6, lw=0)
+            if early.any():  # a run that stopped early: an x, as on the curves
+                stopped = True
+                ax.scatter(
+                    x[early],
+                    y[early],
+                    color=color,
+                    s=2 * dot,
+                    marker=STOP_MARKER,
+                    lw=1.5,
+                    label="_stopped early",
+                )
             mean = ax.scatter(
                 [x.mean()],
                 [y.mean()],
@@ -406,6 +592,11 @@ def pers_vs_gen(
             )
             handles.append(mean)
             shown.append(name)
+        if stopped:
+            from matplotlib.lines import Line2D
+
+            handles.append(Line2D([], [], ls="none", marker=STOP_MARKER, color="black", mew=1.5))
+            shown.append("a run that stopped early")
         ax.set_xlabel("generalization macro-F1 (%)")
         ax.set_ylabel("personalization macro-F1 (%)")
         ax.grid(alpha=0.3)
@@ -422,12 +613,15 @@ def figures(
     band: str = "auto",
     style: str | Style = "screen",
     title: str | None = None,
+    panels: Sequence[str] | None = None,
 ) -> dict[str, Figure]:
     """Every figure of `report --plot`, by the suffix of its file name. `title`: None each
-    figure's default title, "" none, else this text on each."""
+    figure's default title, "" none, else this text on each; `panels`: the learning curves'
+    (`learning_curves`)."""
     relabel(groups, labels)  # a bad label fails before any figure is drawn
+    curves = learning_curves(groups, title, labels=labels, band=band, style=style, panels=panels)
     out = {
-        CURVES_NAME: learning_curves(groups, title, labels=labels, band=band, style=style),
+        CURVES_NAME: curves,
         CLIENTS_NAME: client_distributions(groups, title, labels=labels, style=style),
     }
     pg = pers_vs_gen(groups, title, labels=labels, style=style)
@@ -449,9 +643,20 @@ def caption(
     )
     when = f"round {which}" if isinstance(which, int) else f"the {which} round"
     single = " (a group of one run has none)" if band != "none" else ""
+    if all(g.n == 1 for g in groups):
+        band, single = "none", " (one run per group)"
+    stopped = [r for g in groups for r in stopped_runs(g)]
+    stops = (
+        f" An x marks the last evaluated round of a run that stopped early "
+        f"({', '.join(sorted({str(r['status']) for r in stopped}))}); the mean after it is "
+        "over the group's other runs."
+        if stopped
+        else ""
+    )
     texts = {
         CURVES_NAME: f"Learning curves: each line the mean over a group's runs of the mean over "
-        f"its clients; band: {BAND_TEXT[band]}{single}; {n_text}.",
+        f"its clients; band: {BAND_TEXT[band]}{single}; {n_text}; training loss: the `loss` "
+        f"each client's fit reports, weighted by its examples.{stops}",
         CLIENTS_NAME: f"Personalization macro-F1 of each client at {when}, the clients of all "
         f"runs of a group: box (quartiles, median) and one point per client; {n_text}.",
         PERS_GEN_NAME: f"Personalization against generalization macro-F1 at {when}: one dot per "
