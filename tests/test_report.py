@@ -117,9 +117,18 @@ def test_groups_are_the_seeds_of_one_config_with_numpy_statistics(sweep):
 
 
 def _printed(output: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed table; a row folded onto more lines (a `mean ± std`
+    cell as `mean` over `± std`, where the terminal is narrow) is joined back, a label's
+    later lines too."""
     lines = [ln for ln in output.splitlines() if ln.startswith(("┃", "│"))]
     split = [[c.strip() for c in ln.strip("┃│").split("┃" if "┃" in ln else "│")] for ln in lines]
-    return split[0], split[1:]
+    rows: list[list[str]] = []
+    for row in split[1:]:
+        if rows and row[1] == "" and any(c.startswith("± ") for c in row):
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], row, strict=True)]
+        else:
+            rows.append(row)
+    return split[0], rows
 
 
 def _markdown(text: str) -> tuple[list[str], list[list[str]]]:
@@ -133,7 +142,7 @@ def test_printed_markdown_and_csv_carry_the_same_numbers(sweep, tmp_path):
     result = runner.invoke(app, ["report", str(sweep), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "killed_s0" in result.output
-    assert "sample std over runs (ddof = 1)" in result.output
+    assert "sample std over runs (ddof = 1)" in " ".join(result.output.split())
     head, body = _printed(result.output)
     md_head, md_body = _markdown((out.with_suffix(".md")).read_text())
     assert "ddof = 1" in out.with_suffix(".md").read_text()
@@ -141,7 +150,7 @@ def test_printed_markdown_and_csv_carry_the_same_numbers(sweep, tmp_path):
     for col in head:  # every printed cell is the Markdown's
         j = md_head.index(col)
         assert [r[head.index(col)] for r in body] == [r[j] for r in md_body], col
-    assert set(head) - {"group", "n"} <= set(PRINTED)
+    assert set(head) - {"group", "n", "status"} <= set(PRINTED)
     rows = list(csv.DictReader(out.with_suffix(".csv").open()))
     for row, md in zip(rows, md_body, strict=True):
         assert row["group"] == md[0] and row["n"] == md[1] == "2"
@@ -374,3 +383,160 @@ def test_out_must_be_a_file_prefix(sweep, tmp_path):
         line = _one_line_error(runner.invoke(app, ["report", str(sweep), "--out", out]))
         assert "--out" in line and "file prefix" in line
     assert list(tmp_path.iterdir()) == []
+
+
+# runs that stopped early: marked in the table and on the curves (issue 57) -----------------
+STOP_ROUNDS = 6  # evaluated every 2 rounds: 2, 4, 6
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, shared_data) -> Path:
+    """FedAvg over all its rounds beside Ditto forced to diverge in round 5 (the guard told
+    that the server state holds NaN, through the runtime's own path): Ditto's summary.json
+    says diverged after 4 rounds, scored at rounds 2 and 4."""
+    import protofed.runtime.loop as loop
+
+    root = tmp_path_factory.mktemp("stopped")
+    base = [
+        "data.name=digits",
+        f"data.dir={shared_data}",
+        f"data.num_clients={CLIENTS}",
+        "model.name=mlp",
+        "model.hidden=[16]",
+        f"train.rounds={STOP_ROUNDS}",
+        "train.lr=0.1",
+        "train.threads=1",
+        "eval.every=2",
+    ]
+    start(load_config(None, [*base, "algorithm.name=fedavg"]), root / "fedavg_s0").run()
+    done = {"round": 0}
+    real = loop.nonfinite
+
+    def forced(records):
+        return "model/forced" if done["round"] >= 4 else real(records)
+
+    def count(r, info, record) -> None:
+        done["round"] = r
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "nonfinite", forced)
+        cfg = load_config(None, [*base, "algorithm.name=ditto"])
+        summary = start(cfg, root / "ditto_s0").run(on_round=count)
+    assert summary.status == "diverged" and summary.rounds == 4
+    return root
+
+
+def test_a_diverged_run_is_marked_in_every_table(stopped, tmp_path):
+    """The diverged run is no ordinary row: its status and its rounds (4 of 6) are printed,
+    and written to the Markdown and the CSV, grouped or one run per row."""
+    rows = collect([stopped], "final")
+    by_algo = {r["algorithm"]: r for r in rows}
+    assert by_algo["ditto"]["status"] == "diverged" and by_algo["ditto"]["rounds"] == 4
+    assert by_algo["ditto"]["round"] == 4 and "round 5" in by_algo["ditto"]["diverged"]
+    assert by_algo["fedavg"]["status"] == "complete" and by_algo["fedavg"]["rounds"] == 6
+    for group_by, key in (("auto", "group"), ("none", "run")):
+        out = tmp_path / group_by
+        args = ["report", str(stopped), "--which", "final", "--group-by", group_by]
+        result = runner.invoke(app, [*args, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        head, body = _printed(result.output)
+        md_head, md_body = _markdown(out.with_suffix(".md").read_text())
+        csv_rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+        for h, b in ((head, body), (md_head, md_body)):
+            status = {r[h.index(key)]: r[h.index("status")] for r in b}
+            rounds = {r[h.index(key)]: r[h.index("rounds")] for r in b}
+            ditto = next(k for k in status if "ditto" in k)
+            fedavg = next(k for k in status if "fedavg" in k)
+            expected = "1/1 diverged" if group_by == "auto" else "diverged"
+            assert (status[ditto], rounds[ditto]) == (expected, "4"), (group_by, b)
+            assert (status[fedavg], rounds[fedavg]) == ("complete", "6")
+        assert {r["status"] for r in csv_rows} == {"complete", expected}
+
+
+def test_a_diverged_runs_curve_ends_with_a_mark(stopped):
+    """Its curve stops at its last evaluated round with an x there, the legend says so; the
+    complete run's curve has none; the ticks are the evaluated rounds."""
+    import matplotlib.pyplot as plt
+
+    from protofed.plots.curves import STOP_MARKER, figures
+
+    groups = group_runs(collect([stopped], "final"), "auto")
+    drawn = figures(groups, labels={"ditto*": "Ditto", "fedavg*": "FedAvg"})
+    fig = drawn["curves"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert set(legend[:2]) == {"FedAvg", "Ditto"} and "a run stopped early (diverged)" in legend
+    curves = dict(zip(legend, fig.legends[0].legend_handles, strict=False))
+    for ax in [ax for ax in fig.axes if ax.get_visible()]:
+        marks = [ln for ln in ax.lines if ln.get_marker() == STOP_MARKER]
+        assert len(marks) == 1, ax.get_ylabel()
+        ditto = next(
+            ln
+            for ln in ax.lines
+            if ln.get_color() == curves["Ditto"].get_color() and ln.get_marker() != STOP_MARKER
+        )
+        assert list(ditto.get_xdata()) == [2, 4]  # the curve ends where the run did
+        assert marks[0].get_xdata()[0] == 4
+        assert marks[0].get_ydata()[0] == pytest.approx(ditto.get_ydata()[-1])
+        assert marks[0].get_color() == ditto.get_color()
+        assert [t for t in ax.get_xticks()] == [2, 4, 6]  # the evaluated rounds
+    # Ditto and FedAvg share the global model's curve for a while: two dash styles
+    assert curves["Ditto"].get_linestyle() != curves["FedAvg"].get_linestyle()
+    loss = [ax for ax in fig.axes if ax.get_visible()][-1]
+    assert "as reported by each client's fit" in loss.get_title()
+    assert "Ditto: the global model's loss" in " ".join(loss.get_xlabel().split())
+    title = fig._suptitle.get_text()
+    assert "std" not in title and "band" not in title  # n = 1: no band, none named
+    pg = drawn["pers_gen"].axes[0]
+    early = [c for c in pg.collections if c.get_label() == "_stopped early"]
+    assert len(early) == 1 and len(early[0].get_offsets()) == 1  # Ditto's run: an x there
+    ditto_row = next(r for g in groups for r in g.runs if r["algorithm"] == "ditto")
+    assert list(early[0].get_offsets()[0]) == pytest.approx(
+        [ditto_row["gen_f1"], ditto_row["pers_f1"]]
+    )
+    for f in drawn.values():
+        plt.close(f)
+
+
+def test_label_renames_the_tables_rows(sweep, tmp_path):
+    """--label names a group in the table as in the figures, and needs no --plot."""
+    out = tmp_path / "named"
+    args = ["report", str(sweep), "-o", str(out), "--label", "local*=Local only"]
+    result = runner.invoke(app, [*args, "--label", "algorithm.name=fedavg=FedAvg"])
+    assert result.exit_code == 0, result.output
+    head, body = _printed(result.output)
+    assert [r[0] for r in body] == ["FedAvg", "Local only"]
+    md_head, md_body = _markdown(out.with_suffix(".md").read_text())
+    assert [r[0] for r in md_body] == ["FedAvg", "Local only"]
+    assert [r["group"] for r in csv.DictReader(out.with_suffix(".csv").open())] == [
+        "FedAvg",
+        "Local only",
+    ]
+    per_run = runner.invoke(
+        app, ["report", str(sweep), "--group-by", "none", "-o", str(out), "--label", "*_s0=first"]
+    )
+    assert _one_line_error_text(per_run).startswith("error: label '*_s0' names 2 groups")
+
+
+def _one_line_error_text(result) -> str:
+    assert result.exit_code == 2, result.output
+    text = (result.stderr or result.output).strip()
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+def test_the_printed_table_fits_the_terminal(sweep, tmp_path, monkeypatch):
+    """At 80 columns every printed line fits: `mean ± std` cells fold, and columns that
+    still do not fit are left out and named; the files keep every column."""
+    monkeypatch.setattr("protofed.cli.report.console", Console(width=80))
+    out = tmp_path / "narrow"
+    result = runner.invoke(app, ["report", str(sweep), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    table = [ln for ln in result.output.splitlines() if ln.startswith(("┃", "│", "┏", "└"))]
+    assert table and max(len(ln) for ln in table) <= 80
+    head, body = _printed(result.output)
+    assert {"group", "n", "status", "round", "rounds", "pers_f1"} <= set(head)
+    assert "left out here for the terminal's width" in " ".join(result.output.split())
+    md_head, md_body = _markdown(out.with_suffix(".md").read_text())
+    assert set(PRINTED) - {"epsilon"} <= set(md_head)
+    for col in head:  # the folded cells read back as the Markdown's
+        assert [r[head.index(col)] for r in body] == [r[md_head.index(col)] for r in md_body]

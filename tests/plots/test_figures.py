@@ -441,7 +441,7 @@ def _bands(ax) -> int:
 
 def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
     """--label, --band none, --title '', --style paper: the legend holds only the given
-    labels, no band, whole-number round ticks, no title; the caption says the band."""
+    labels, no band, the evaluated rounds as ticks, no title; the caption says the band."""
     out = tmp_path / "paper"
     args = ["report", str(seeded), "--plot", "--out", str(out), "--style", "paper"]
     labels = ["--label", "fedavg*=FedAvg", "--label", "local=Local only"]
@@ -453,8 +453,6 @@ def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
     assert "Learning curves" not in text  # title=""
     caption = Path(f"{out}-figures.md").read_text()
     assert "band: no band" in caption and "n = 2 runs (seeds) per group" in caption
-
-    from matplotlib.ticker import MaxNLocator
 
     from protofed.plots.curves import figures
 
@@ -469,9 +467,7 @@ def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
     assert all(_bands(ax) == 0 for ax in visible)
     assert fig._suptitle is None and all(ax.get_title() == "" for ax in visible)
     for ax in visible:
-        assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
-        ticks = [x for x in ax.get_xticks() if ax.get_xlim()[0] <= x <= ax.get_xlim()[1]]
-        assert ticks and all(float(x).is_integer() for x in ticks)
+        assert list(ax.get_xticks()) == [1, 2, 3]  # every round was evaluated
     gen = [t.get_text() for t in drawn["pers_gen"].legends[0].get_texts()]
     assert gen == ["FedAvg", "Local only"]
     assert drawn["clients"].axes[0].get_title() == ""
@@ -498,9 +494,8 @@ def test_bands_default_to_std_for_two_seeds_and_stay_inside_the_means(seeded):
         low, high = pers.get_ylim()
         span = means.max() - means.min()
         assert low >= means.min() - 0.6 * span and high <= means.max() + 0.6 * span
-        assert (
-            "std" in fig._suptitle.get_text() if band != "ci" else "CI" in fig._suptitle.get_text()
-        )
+        named = "±1 std over 2 seeds" if band != "ci" else "95 % CI over 2 seeds"
+        assert named in fig._suptitle.get_text()
         plt.close(fig)
     values = np.array([[1.0, 2.0], [3.0, 6.0]])
     mean, low, high = mean_band(values, "std")
@@ -678,3 +673,110 @@ def test_embed_takes_the_reports_styles_and_title(runs, tmp_path):
     assert max(map(len, ax.get_title().split("\n"))) < 50  # wrapped to the column
     result = runner.invoke(app, ["embed", str(runs["kept"]), "--style", "poster"])
     assert result.exit_code == 2 and "unknown style 'poster'" in result.output
+
+
+# one colour per label, panels, ticks at the evaluated rounds, an honest title (issue 57) ---
+def _legend_colors(fig) -> dict[str, str]:
+    """{legend label: its handle's colour (hex)} of a figure's legend."""
+    from matplotlib.colors import to_hex
+
+    out = {}
+    for text, handle in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles, strict=True):
+        color = handle.get_color() if hasattr(handle, "get_color") else None
+        if not isinstance(color, str):
+            color = handle.get_facecolor()[0]
+        out[text.get_text()] = to_hex(color)
+    return out
+
+
+def test_a_label_keeps_its_colour_in_every_figure_and_apart_from_the_group_order(seeded):
+    """A group's colour is its label's, in the curves, the clients' boxes and pers. vs gen.;
+    the order the groups come in changes no colour; two labels have two dash styles."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from protofed.plots.curves import figures, label_styles
+
+    groups = _groups(seeded)
+    labels = {"fedavg*": "FedAvg", "local*": "Local"}
+    drawn = figures(groups, labels=labels)
+    curves, pers_gen = _legend_colors(drawn["curves"]), _legend_colors(drawn["pers_gen"])
+    assert curves["FedAvg"] != curves["Local"]
+    assert {k: curves[k] for k in ("FedAvg", "Local")} == pers_gen
+    box = drawn["clients"].axes[0]
+    ticks = [t.get_text() for t in box.get_xticklabels()]
+    dots = [c for c in box.collections if len(c.get_offsets())]
+    assert {t: to_hex(c.get_facecolor()[0]) for t, c in zip(ticks, dots, strict=True)} == {
+        k: curves[k] for k in ("FedAvg", "Local")
+    }
+    reverse = figures(groups[::-1], labels=labels)
+    assert _legend_colors(reverse["curves"]) == curves
+    styles = label_styles(["FedAvg", "Local"])
+    assert styles["FedAvg"][1] != styles["Local"][1]
+    assert label_styles(["Local", "FedAvg"]) == styles  # the labels' order: no matter
+    handles = dict(
+        zip(
+            [t.get_text() for t in drawn["curves"].legends[0].get_texts()],
+            drawn["curves"].legends[0].legend_handles,
+            strict=True,
+        )
+    )
+    assert handles["FedAvg"].get_linestyle() != handles["Local"].get_linestyle()
+    for f in [*drawn.values(), *reverse.values()]:
+        plt.close(f)
+
+
+def test_panels_choose_the_curves_and_an_unknown_one_is_one_line(seeded, tmp_path):
+    import matplotlib.pyplot as plt
+
+    from protofed.errors import ConfigError
+    from protofed.plots.curves import learning_curves, parse_panels
+
+    fig = learning_curves(_groups(seeded), panels=["train_loss", "pers_f1"])
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_ylabel() for ax in shown] == [
+        "training loss (log scale, geometric mean)",
+        "personalization macro-F1 (%)",
+    ]
+    assert shown[0].get_title() == "training loss (as reported by each client's fit)"
+    plt.close(fig)
+    assert parse_panels("pers_f1, gen_f1") == ["pers_f1", "gen_f1"]
+    with pytest.raises(ConfigError, match="unknown panel 'loss'"):
+        parse_panels("pers_f1,loss")
+    out = tmp_path / "p"
+    args = ["report", str(seeded), "--plot", "-o", str(out)]
+    result = runner.invoke(app, [*args, "--panels", "pers_f1,nope"])
+    assert result.exit_code == 2, result.output
+    text = result.output.strip()
+    assert len(text.splitlines()) == 1 and "unknown panel 'nope'" in text
+    assert not list(tmp_path.iterdir())  # nothing written
+    result = runner.invoke(app, ["report", str(seeded), "-o", str(out), "--panels", "pers_f1"])
+    assert result.exit_code == 2 and "add --plot" in result.output
+    result = runner.invoke(app, [*args, "--panels", "gen_f1,pers_f1"])
+    assert result.exit_code == 0, result.output
+
+
+def test_round_ticks_are_evaluated_rounds_thinned_from_the_last():
+    from protofed.plots.curves import round_ticks
+
+    assert round_ticks([5, 10, 15, 20, 25, 30], 10) == [5, 10, 15, 20, 25, 30]
+    assert round_ticks(range(5, 105, 5), 5) == [20, 40, 60, 80, 100]
+    assert round_ticks([1, 2, 3, 4, 5, 6, 7], 3) == [1, 4, 7]
+
+
+def test_the_title_names_a_band_only_where_one_is_drawn(seeded):
+    """n = 1 per group: no band drawn, none named; n = 2: the band and n in the title."""
+    import matplotlib.pyplot as plt
+
+    from protofed.plots.curves import learning_curves
+    from protofed.report import collect, group_runs
+
+    alone = group_runs(collect([seeded / "fedavg_s0", seeded / "local_s0"], "selected"), "auto")
+    fig = learning_curves(alone)
+    title = fig._suptitle.get_text()
+    assert "std" not in title and "band" not in title and "CI" not in title
+    assert all(_bands(ax) == 0 for ax in fig.axes)
+    plt.close(fig)
+    fig = learning_curves(_groups(seeded), band="std")
+    assert "±1 std over 2 seeds" in fig._suptitle.get_text()
+    plt.close(fig)

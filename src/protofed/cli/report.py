@@ -17,8 +17,16 @@ LabelOption = Annotated[
     list[str] | None,
     typer.Option(
         "--label",
-        help="--plot: KEY=TEXT names a group TEXT in the figures; KEY is a group's label "
-        "or a pattern of its run folders' names (fedali*). Repeat it.",
+        help="KEY=TEXT names a group TEXT in the table and the figures; KEY is a group's "
+        "label or a pattern of its run folders' names (fedali*). Repeat it.",
+    ),
+]
+PanelsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--panels",
+        help="--plot: the learning curves' panels, a comma list of pers_f1, gen_f1, "
+        "global_f1, train_loss (default: each one recorded).",
     ),
 ]
 BandOption = Annotated[
@@ -71,6 +79,7 @@ def report(
     band: BandOption = "auto",
     style: StyleOption = "screen",
     title: TitleOption = None,
+    panels: PanelsOption = None,
 ) -> None:
     """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
     and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
@@ -79,8 +88,10 @@ def report(
         STD_NOTE,
         collect,
         group_runs,
+        parse_labels,
         parse_which,
         summarize,
+        table_labels,
         to_csv,
         to_markdown,
     )
@@ -91,12 +102,17 @@ def report(
         skipped: list[tuple[Path, str]] = []
         rows = collect(dirs, when, skipped, domains)
         groups = group_runs(rows, group_by)
-        table_rows = rows if group_by == "none" else summarize(groups)
+        labels = parse_labels(label or [], groups)
+        names = table_labels(groups, labels)
+        if group_by == "none":  # copies: the figures match --label against the run names
+            table_rows = [dict(r, run=n) for r, n in zip(rows, names, strict=True)]
+        else:
+            table_rows = [dict(r, group=n) for r, n in zip(summarize(groups), names, strict=True)]
         for path, reason in skipped:
             err_console.print(f"skipped {path}: {reason}", highlight=False, soft_wrap=True)
         spread = "one run per row" if group_by == "none" else f"mean ± {STD_NOTE}"
         table, wide = _scores_table(table_rows, when, spread, out)
-        drawn = _draw(plot, groups, label or [], band, style, title)  # before any file
+        drawn = _draw(plot, groups, labels, (band, style, title, panels))  # before any file
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
         for path in (md, csv_path):  # every place probed first: a blocked one writes nothing
             check_writable(path)
@@ -117,45 +133,76 @@ def report(
 
 
 def _draw(
-    plot: bool, groups: list[Any], label: list[str], band: str, style: str, title: str | None
+    plot: bool, groups: list[Any], labels: dict[str, str], how: tuple[str, str, str | None, Any]
 ) -> dict[str, Any] | None:
     """The figures of `--plot` (drawn before any file is written: a run they cannot draw, or
-    a `--label` that names no group, writes nothing), None without `--plot`."""
+    an unknown panel, writes nothing), None without `--plot`. `how`: band, style, title,
+    panels."""
     from protofed.errors import ConfigError
-    from protofed.report import parse_labels
 
+    band, style, title, panels = how
     if not plot:
-        if label or band != "auto" or style != "screen" or title is not None:
-            raise ConfigError("--label, --band, --style and --title draw figures: add --plot")
+        if band != "auto" or style != "screen" or title is not None or panels is not None:
+            raise ConfigError("--band, --style, --title and --panels draw figures: add --plot")
         return None
-    from protofed.plots.curves import figures
+    from protofed.plots.curves import figures, parse_panels
 
-    labels = parse_labels(label, groups)
-    return figures(groups, labels=labels, band=band, style=style, title=title)
+    chosen = None if panels is None else parse_panels(panels)
+    return figures(groups, labels=labels, band=band, style=style, title=title, panels=chosen)
 
 
 def _scores_table(
     rows: list[dict[str, Any]], when: str | int, spread: str, out: Path
 ) -> tuple[Table, Console]:
-    """The printed table of the report's rows, and a console wide enough that no number
-    column is squeezed (a long label folds onto lines instead)."""
-    from protofed.report import PRINTED, cells
+    """The printed table of the report's rows, as wide as the terminal (`console.width`): a
+    long label folds onto lines and no number column is squeezed; where the columns do not
+    fit, each `mean ± std` cell folds onto two lines (the mean, then `± std`), and where
+    they still do not, the least read columns (`DROP_FIRST`) are left out, which the caption
+    names (the Markdown and CSV files have every column)."""
+    from protofed.report import DROP_FIRST, PRINTED, cells
 
     head, body = cells(rows, PRINTED)
+    labels = ("group", "run", "algorithm", "dataset", "status")
+
+    def width(col: int, fold: bool) -> int:
+        texts = [head[col], *(line[col] for line in body)]
+        if head[col] in labels:
+            return min(max(map(len, texts)), 24)
+        if fold:  # `12.58 ± 13.83` as `12.58` over `± 13.83`
+            texts = [part for t in texts for part in t.replace(" ± ", "\n± ").split("\n")]
+        return max(map(len, texts))
+
+    def needed(keep: list[int], fold: bool) -> int:  # rich: 3 a column, 4 the borders
+        return sum(width(i, fold) + 3 for i in keep) + 4
+
+    keep = list(range(len(head)))
+    fold = needed(keep, False) > console.width
+    dropped: list[str] = []
+    for name in DROP_FIRST:
+        if needed(keep, fold) <= console.width:
+            break
+        if name in head:
+            keep.remove(head.index(name))
+            dropped.append(name)
     title = (
         f"{'round ' + str(when) if isinstance(when, int) else when + ' round'}: "
         f"scores in % (mean over clients), {spread}; MB and s per round"
     )
-    table = Table(title=title, caption=f"every column: {out.name}.md and .csv")
-    widths = [max(len(c) for c in col) for col in zip(head, *body, strict=True)]
-    labels = ("group", "run", "algorithm", "dataset")
-    least = [min(w, 24) if col in labels else w for col, w in zip(head, widths, strict=True)]
-    for col, width in zip(head, least, strict=True):
-        if col in labels:  # a long label (runs differing in many keys) folds onto lines
-            table.add_column(col, justify="left", overflow="fold", min_width=width)
+    caption = f"every column: {out.name}.md and .csv"
+    if dropped:
+        caption += f" (left out here for the terminal's width: {', '.join(dropped)})"
+    table = Table(title=title, caption=caption)
+    for i in keep:
+        if head[i] in labels:  # a long label (runs differing in many keys) folds onto lines
+            table.add_column(head[i], justify="left", overflow="fold", min_width=width(i, fold))
         else:  # numbers keep their width: never squeezed to nothing by a long label
-            table.add_column(col, justify="right", no_wrap=True, min_width=width)
-    for line in body:
-        table.add_row(*(Text(cell) for cell in line))  # a folder named `run[lr]` is text
-    needed, fixed = (sum(w + 3 for w in ws) + 4 for ws in (widths, least))
-    return table, Console(width=max(console.width, min(needed, max(240, fixed))))
+            table.add_column(head[i], justify="right", no_wrap=True, min_width=width(i, fold))
+    for line in body:  # a folder named `run[lr]` is text
+        cells_ = [line[i] for i in keep]
+        if fold:
+            cells_ = [
+                c if head[i] in labels else c.replace(" ± ", "\n± ")
+                for c, i in zip(cells_, keep, strict=True)
+            ]
+        table.add_row(*(Text(cell) for cell in cells_))
+    return table, Console(width=max(console.width, needed(keep, fold)))
