@@ -6,10 +6,10 @@ from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.ala import PERSONAL
-from protofed.algorithms.common.regularizers import parameter_snapshot, proximal_loss
+from protofed.algorithms.common.regularizers import ProximalStep, parameter_snapshot
 from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Trainer, proximal_term
+from protofed.training.stacked import StackedTask, Trainer
 
 
 class Ditto(Algorithm):
@@ -44,9 +44,9 @@ class Ditto(Algorithm):
         reply = client.weights()
         # (2) the personal model, regularized toward w^t
         client.load(state[PERSONAL] if PERSONAL in state else message[MODEL])
-        personal = client.train_model(
-            epochs=self.params.personal_epochs, loss_fn=proximal_loss(anchor, self.params.lam)
-        )
+        lam = self.params.lam
+        pull = ProximalStep(client.model, anchor, client.train.lr * lam) if lam else None
+        personal = client.train_model(epochs=self.params.personal_epochs, after_step=pull)
         metrics["personal_loss"] = personal["loss"]
         metrics["personal_steps"] = personal["steps"]
         return FitResult({MODEL: reply}, metrics, {PERSONAL: client.weights()})
@@ -56,12 +56,12 @@ class Ditto(Algorithm):
     ) -> list[FitResult]:
         """`fit` stacked: every client's global model, then every client's personal one."""
         global_ = train([StackedTask(m[MODEL]) for m in messages])
-        term = proximal_term(self.params.lam)  # anchored to w^t, as received
+        lam = self.params.lam  # the pull toward w^t, as received (`ProximalStep`)
         tasks = [
-            StackedTask(s.get(PERSONAL, m[MODEL]), m[MODEL] if term is not None else {})
+            StackedTask(s.get(PERSONAL, m[MODEL]), m[MODEL] if lam else {})
             for m, s in zip(messages, states, strict=True)
         ]
-        personal = train(tasks, term, epochs=self.params.personal_epochs)
+        personal = train(tasks, epochs=self.params.personal_epochs, pull=lam)
         results = []
         for (reply, metrics), (own, mine) in zip(global_, personal, strict=True):
             metrics = {**metrics, "personal_loss": mine["loss"], "personal_steps": mine["steps"]}

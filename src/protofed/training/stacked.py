@@ -98,6 +98,7 @@ class Trainer(Protocol):
         *,
         epochs: int | None = None,
         trainable: Callable[[str], bool] | None = None,
+        pull: float = 0.0,
     ) -> list[tuple[Arrays, Metrics]]: ...
 
 
@@ -126,9 +127,10 @@ class StackedTrainer:
         *,
         epochs: int | None = None,
         trainable: Callable[[str], bool] | None = None,
+        pull: float = 0.0,
     ) -> list[tuple[Arrays, Metrics]]:
         return train_stacked(
-            self.model, self.clients, tasks, term, epochs=epochs, trainable=trainable
+            self.model, self.clients, tasks, term, epochs=epochs, trainable=trainable, pull=pull
         )
 
 
@@ -303,13 +305,16 @@ def train_stacked(
     *,
     epochs: int | None = None,
     trainable: Callable[[str], bool] | None = None,
+    pull: float = 0.0,
 ) -> list[tuple[Arrays, Metrics]]:
     """Train every client from its task's weights at once; each one's weights and metrics.
 
     All clients share `clients[0].train` (one experiment's round); `epochs` replaces its
     `local_epochs`, `trainable(name)` picks the parameters the optimizer moves (the others
     stay as the task starts them, and the term sees only the trained ones), as
-    `Client.train_model`'s `epochs` and `parameters`. The workspace `model` is only the
+    `Client.train_model`'s `epochs` and `parameters`. `pull` (Ditto's lambda): each step also
+    moves the trained weights the task's aux names by -lr * pull * (w - aux), w as the step
+    began, beside the optimizer (`regularizers.ProximalStep`). The workspace `model` is only the
     function: its own weights are not read or changed. Metrics are those of `train_epochs`:
     the mean loss of the client's steps (with its term) and their number.
     """
@@ -334,7 +339,9 @@ def train_stacked(
     if not params:
         raise ValueError("a stacked phase trains at least one parameter")
     optimizer = StackedOptimizer(list(params.values()), train, None)
-    total = _run(model, clients, plan, (params, frozen, aux), optimizer, term, device)
+    pulled = [n for n in params if n in aux] if pull else []
+    proximal = (pulled, float(optimizer.hp["lr"]) * pull)
+    total = _run(model, clients, plan, (params, frozen, aux), optimizer, term, device, proximal)
     losses = total.tolist()
     out: list[tuple[Arrays, Metrics]] = [({}, {}) for _ in clients]
     for j, i in enumerate(plan.order):
@@ -352,11 +359,14 @@ def _run(
     optimizer: StackedOptimizer,
     term: Term | None,
     device: torch.device,
+    proximal: tuple[list[str], float] = ([], 0.0),
 ) -> torch.Tensor:
     """The steps, in place on the trained weights; each client's summed loss (plan.order).
 
-    `stacked`: the (trained, frozen, aux) tensors, each (clients, ...) in `plan.order`."""
+    `stacked`: the (trained, frozen, aux) tensors, each (clients, ...) in `plan.order`;
+    `proximal`: the trained weights pulled toward their aux after each step, and the rate."""
     params, frozen, aux = stacked
+    pulled, rate = proximal
     train = clients[0].train
     x = torch.cat([c.data.train_x for c in clients]).to(device)
     y = torch.cat([c.data.train_y for c in clients]).to(device)
@@ -379,7 +389,13 @@ def _run(
                         weight[t, :k],
                         {n: a[:k] for n, a in aux.items()},
                     )
+                if pulled:  # w - anchor as the step began (ProximalStep's order)
+                    away = torch._foreach_sub(
+                        [params[n][:k] for n in pulled], [aux[n][:k] for n in pulled]
+                    )
                 optimizer.step(k, [grads[n] for n in params])
+                if pulled:
+                    torch._foreach_add_([params[n][:k] for n in pulled], away, alpha=-rate)
                 total[:k] += loss.detach().float()
     finally:
         model.train(was_training)

@@ -1,9 +1,9 @@
-"""Regularizers added to the local loss: the proximal term of FedProx and Ditto.
+"""The proximal term of FedProx and Ditto, mu / 2 * ||w - w_anchor||^2 over the model's
+parameters (not buffers), pulling the trained weights towards a detached snapshot.
 
-    loss(w) = base_loss(w) + mu / 2 * ||w - w_anchor||^2
-
-over the model's parameters (not buffers). The anchor is a detached snapshot, so the term
-pulls the trained weights towards it and no gradient flows into it.
+FedProx adds it to the local loss (`proximal_loss`), so the optimizer minimizes both
+together. Ditto applies its gradient as its Algorithm 1 does, beside the optimizer's step and
+not through its momentum or Adam state (`ProximalStep`).
 """
 
 from __future__ import annotations
@@ -54,3 +54,32 @@ def proximal_loss(anchor: Arrays, mu: float, base: LossFn | None = None) -> Loss
         return base_fn(model, x, y) + half_mu * squared_distance(model, anchor)
 
     return loss
+
+
+class ProximalStep:
+    """An `after_step` hook: after each optimizer step, w <- w - rate * (w_before - anchor),
+    w_before being the weights the step's gradient was taken at (`rate`: lr * mu).
+
+    With plain SGD the two together are Ditto's step w - lr * (grad f(w) + mu * (w - anchor))
+    (Algorithm 1 of Li et al. 2021, as in its official code); with momentum or Adam only
+    grad f goes through the optimizer's state. Through momentum beta the pull toward the
+    anchor is underdamped (it swings w past the anchor, by up to sqrt(beta)^t of the
+    distance) and, with mu = 1 on UCI-HAR, flung a personal model further off round after
+    round until it overflowed (docs/algorithms/ditto.md).
+    """
+
+    def __init__(self, model: nn.Module, anchor: Arrays, rate: float) -> None:
+        self.pairs = [
+            (p, anchor[name])
+            for name, p in model.named_parameters()
+            if p.requires_grad and name in anchor
+        ]
+        self.rate = float(rate)
+        with torch.no_grad():
+            self.before = [p.detach().clone() for p, _ in self.pairs]
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        for (p, a), b in zip(self.pairs, self.before, strict=True):
+            p.add_(b - a, alpha=-self.rate)
+            b.copy_(p)
