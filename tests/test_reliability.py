@@ -954,3 +954,123 @@ def test_provenance_records_a_killed_session_and_the_resume(tmp_path):
     assert first["outcome"] == "killed" and first["end"] is not None
     assert second["outcome"] == "complete" and second["end"] is not None
     assert doc["end"] == second["end"]
+
+
+# 6. what a resume verifies and restores, and what load_run checks -----------------------------
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"sessions": 3}', '{"sessions": [1]}'])
+def test_a_resume_refused_for_its_provenance_touches_nothing(tmp_path, text):
+    """A damaged provenance.json was refused only once the torn tail of metrics.jsonl had
+    been cut: a refusing resume must leave every byte as it was."""
+    run = _killed_run(tmp_path / "run", 2)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "train_loss": 0.1')  # a kill in the middle of round 3's line
+    (run / "provenance.json").write_text(text)
+    before = _snapshot(run)
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run), "-q"]), "provenance.json")
+    assert _snapshot(run) == before
+
+
+def test_the_temporary_of_a_killed_checkpoint_write_is_removed_on_resume(tmp_path):
+    """A SIGKILL while checkpoint.pt was written left `.checkpoint.pt.*.tmp` (the size of a
+    checkpoint) that no resume removed; a refused resume still touches nothing."""
+    import tempfile
+
+    run = _killed_run(tmp_path / "run", 2)
+    left = []
+    for name in ("checkpoint.pt", "metrics.jsonl", "provenance.json"):
+        fd, tmp = tempfile.mkstemp(dir=run, prefix=f".{name}.", suffix=".tmp")
+        os.write(fd, (run / name).read_bytes()[:1000])
+        os.close(fd)
+        left.append(Path(tmp))
+    mine = run / "notes.tmp"  # not protofed's: left alone
+    mine.write_text("x")
+    config = (run / "config.yaml").read_text()
+    raw = yaml.safe_load(config)
+    raw["model"]["hidden"] = [32]
+    (run / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    before = _snapshot(run)
+    _one_error_line(runner.invoke(app, ["run", "--resume", str(run), "-q"]), "cannot resume")
+    assert _snapshot(run) == before
+    (run / "config.yaml").write_text(config)
+    assert runner.invoke(app, ["run", "--resume", str(run), "-q"]).exit_code == 0
+    assert not [p for p in left if p.exists()] and mine.exists()
+    assert not list(run.glob(".*.tmp"))
+
+
+def test_a_deleted_partition_json_is_restored_and_an_edited_one_refused(tmp_path):
+    """A deleted partition.json stayed deleted through a resume (and load_run failed); an
+    edited one (still valid JSON) was kept. Now the checkpoint records its sha256."""
+    run = _killed_run(tmp_path / "run", 2)
+    written = {n: (run / n).read_bytes() for n in ("partition.json", "partition.txt")}
+    for name in written:
+        (run / name).unlink()
+    assert resume(run).run().status == "complete"
+    assert {n: (run / n).read_bytes() for n in written} == written
+    assert len(load_run(run).history) > 0
+    edited = _killed_run(tmp_path / "edited", 2)
+    doc = json.loads((edited / "partition.json").read_text())
+    doc["clients"][0]["name"] = "someone_else"
+    (edited / "partition.json").write_text(json.dumps(doc, indent=2) + "\n")
+    before = _snapshot(edited)
+    result = runner.invoke(app, ["run", "--resume", str(edited), "-q"])
+    _one_error_line(result, "partition.json", "edited")
+    assert _snapshot(edited) == before
+    (edited / "partition.json").unlink()  # restored from the federation, then it resumes
+    assert resume(edited).run().status == "complete"
+
+
+def test_a_nan_in_the_group_array_of_an_npz_is_one_line(tmp_path):
+    """A NaN group dropped its sample silently."""
+    rng = np.random.default_rng(0)
+    group = np.repeat(np.arange(3.0), 40)
+    group[5] = np.nan
+    path = tmp_path / "g.npz"
+    np.savez(path, X=rng.normal(size=(120, 4)), y=np.arange(120) % 3, group=group)
+    out = tmp_path / "run"
+    args = ["data.name=arrays", f"data.path={path}", "data.partition=natural", "train.rounds=1"]
+    result = runner.invoke(app, ["run", "--out", str(out), *_sets(args)])
+    _one_error_line(result, "g.npz", "'group'", "NaN")
+    assert not out.exists()
+
+
+def test_the_api_refuses_a_client_that_is_not_an_int_of_the_run_in_one_line(tmp_path):
+    """`Run.client_model("0")` raised a raw TypeError."""
+    run = _killed_run(tmp_path / "run", 2)
+    opened = load_run(run)
+    x = torch.zeros(2, 64)
+    calls = [
+        lambda c: opened.client_model(c),
+        lambda c: opened.client_data(c),
+        lambda c: opened.predict(c, x),
+    ]
+    for call in calls:
+        for client in ("0", 4, -1, True, 1.0, None):
+            with pytest.raises(ConfigError, match=r"^client .* is not ") as err:
+                call(client)
+            assert "\n" not in str(err.value)
+    assert opened.client_model(3) is not None
+
+
+def test_an_edited_summary_or_metrics_of_a_finished_run_is_refused_by_load_run(tmp_path):
+    """An edited accuracy in summary.json came back from load_run; now the run's end records
+    their sha256 (checksums.json) and load_run checks them. Runs from before still load."""
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", "--out", str(out), "-q", *_sets(SMALL)]).exit_code == 0
+    assert load_run(out).summary.final is not None
+    for name in ("summary.json", "metrics.jsonl"):
+        written = (out / name).read_text()
+        key = '"acc": 0.' if '"acc": 0.' in written else '"acc":0.'
+        assert key in written, name
+        (out / name).write_text(written.replace(key, key + "9", 1))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(out / name))}: damaged") as err:
+            load_run(out)
+        assert "\n" not in str(err.value)
+        (out / name).write_text(written)
+    assert load_run(out).summary.final is not None
+    (out / "checksums.json").unlink()  # a run written before checksums
+    assert load_run(out).summary.final is not None
+    (out / "checksums.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="checksums.json"):
+        load_run(out)

@@ -126,6 +126,7 @@ class Run:
 
     def __init__(self, path: str | Path) -> None:
         self.dir = RunDir.open(path)
+        self.dir.verify_checksums()  # a finished run's summary and metrics, as written
         self.path: Path = self.dir.path
         self._built: tuple[FedModel, Algorithm] | None = None
         self._checkpoint: dict | None = None
@@ -268,13 +269,9 @@ class Run:
         """Client `client`'s personalized model after the last checkpointed round (in eval
         mode): the model the run scored it with, so with `eval.client_model=trained` the one
         it kept after its last training (what it receives, if it never trained)."""
+        client = self._client(client)
         _, algorithm = self._model_and_algorithm()
         ckpt = self._state()
-        part = self.dir.read_json(PARTITION)
-        with reading(self.path / PARTITION):
-            num = int(part["num_clients"])
-        if not 0 <= client < num:
-            raise ConfigError(f"client {client} is not in this run (0..{num - 1})")
         trained = ckpt.get("trained", {}).get(str(client))  # kept only under `trained`
         if trained is not None:
             return self._module(trained)
@@ -333,9 +330,7 @@ class Run:
         """
         if split not in SPLITS:
             raise ConfigError(f"split '{split}' is not one of {', '.join(SPLITS)}")
-        num = self._num_clients()
-        if isinstance(client, bool) or not isinstance(client, int) or not 0 <= client < num:
-            raise ConfigError(f"client {client!r} is not in this run (0..{num - 1})")
+        client = self._client(client)
         data = self._federation(data_dir).clients[client]
         return getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
 
@@ -357,6 +352,7 @@ class Run:
 
         from protofed.training.loop import predict
 
+        client = self._client(client)
         if not isinstance(x, torch.Tensor):
             raise ConfigError(f"predict takes a torch.Tensor of inputs, not {type(x).__name__}")
         if client not in self._models:
@@ -367,6 +363,19 @@ class Run:
             raise ConfigError(f"batch_size must be at least 1 (got {size})")
         device = next(model.parameters()).device
         return predict(model, x.to(device, torch.float32), size).cpu()
+
+    def _client(self, client: object) -> int:
+        """`client` as a client id of this run: an int in 0..N-1 (a name, a string of digits,
+        a bool or a float is a one-line ConfigError, not a TypeError from deep inside)."""
+        num = self._num_clients()
+        if isinstance(client, bool) or not isinstance(client, int):
+            named = " (Run.client_names maps ids to names)" if isinstance(client, str) else ""
+            raise ConfigError(
+                f"client {client!r} is not a client id: an int in 0..{num - 1} expected{named}"
+            )
+        if not 0 <= client < num:
+            raise ConfigError(f"client {client!r} is not in this run (0..{num - 1})")
+        return client
 
     def _num_clients(self) -> int:
         part = self.dir.read_json(PARTITION)

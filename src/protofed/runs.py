@@ -8,6 +8,8 @@
     checkpoint.pt    the latest round's server and client states (tensors only), with the
                      fingerprint of the config, data and version, and the length and sha256
                      of metrics.jsonl at that round
+    checksums.json   the sha256 of summary.json and metrics.jsonl as the run's end wrote
+                     them (written just before summary.json; `load_run` checks them)
     summary.json     written last: the run is complete when it exists
     provenance.json  versions, git commit, machine, data files' sha256, command and times of
                      each session (`protofed.provenance`)
@@ -42,7 +44,18 @@ except ImportError:  # pragma: no cover - Windows
 CONFIG, PARTITION, PARTITION_TXT = "config.yaml", "partition.json", "partition.txt"
 METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "summary.json"
 RUN, LOCK, PROVENANCE = "run.json", ".lock", "provenance.json"
-FILES = (CONFIG, RUN, PARTITION, PARTITION_TXT, METRICS, CHECKPOINT, SUMMARY, PROVENANCE)
+CHECKSUMS = "checksums.json"
+FILES = (
+    CONFIG,
+    RUN,
+    PARTITION,
+    PARTITION_TXT,
+    METRICS,
+    CHECKPOINT,
+    CHECKSUMS,
+    SUMMARY,
+    PROVENANCE,
+)
 CHECKPOINT_KEYS = ("progress", "server", "clients", "fingerprint", "metrics")
 DIGEST = "sha256"
 """The checkpoint's own key for the digest of everything else in it but the fingerprint
@@ -85,6 +98,7 @@ class RunDir:
         self._lock_fd: int | None = None
         self._metrics = hashlib.sha256()  # of metrics.jsonl as this process wrote it
         self._metrics_bytes = 0
+        self.partition_sha256: str | None = None  # of partition.json, for the checkpoint
 
     # creation / opening -----------------------------------------------------------------
     @classmethod
@@ -116,8 +130,9 @@ class RunDir:
             for name in FILES:
                 with writing(run.path / name):
                     (run.path / name).unlink(missing_ok=True)
+            run.remove_temporaries()
             run.write_text(PARTITION_TXT, partition_txt)
-            run.write_json(PARTITION, partition)
+            run.write_partition(partition)
             run.write_json(RUN, {"engine": engine, "protofed": protofed_version()})
             run.write_text(METRICS, "")
             run.write_text(CONFIG, yaml.safe_dump(config, sort_keys=False))  # last: a valid run
@@ -175,7 +190,57 @@ class RunDir:
         atomic_write_text(self.path / name, text)
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_text(name, json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
+        self.write_text(name, json_text(obj))
+
+    def write_partition(self, partition: dict) -> None:
+        """partition.json, its sha256 kept for the checkpoints (a resume verifies it)."""
+        self.write_json(PARTITION, partition)
+        self.partition_sha256 = hashlib.sha256(json_text(partition).encode()).hexdigest()
+
+    def write_summary(self, summary: dict) -> None:
+        """summary.json, after checksums.json records its sha256 and metrics.jsonl's (which
+        `verify_checksums` compares): a kill between the two leaves an unfinished run."""
+        try:
+            metrics = (self.path / METRICS).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{self.path / METRICS}: cannot read ({exc.strerror})") from None
+        sums = {
+            METRICS: hashlib.sha256(metrics).hexdigest(),
+            SUMMARY: hashlib.sha256(json_text(summary).encode()).hexdigest(),
+        }
+        self.write_json(CHECKSUMS, sums)
+        self.write_json(SUMMARY, summary)
+
+    def verify_checksums(self) -> None:
+        """summary.json and metrics.jsonl of a finished run are as its end wrote them
+        (checksums.json); a run written before checksums, or unfinished, is not checked."""
+        if not self.complete or not (self.path / CHECKSUMS).is_file():
+            return
+        sums = self.read_json(CHECKSUMS)
+        for name in (SUMMARY, METRICS):
+            recorded = sums.get(name)
+            path = self.path / name
+            try:
+                actual = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+            except OSError as exc:
+                raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+            if recorded != actual:
+                raise ConfigError(
+                    f"{path}: damaged (edited, truncated or missing since the run ended: its "
+                    f"sha256 is not the one {CHECKSUMS} recorded); restore it from a copy, or "
+                    "run it again with --force"
+                )
+
+    def remove_temporaries(self) -> list[Path]:
+        """The temporaries of writes a kill cut short (`.checkpoint.pt.*.tmp`, ...: the
+        names `atomic_write` gives), removed; call it holding the lock."""
+        removed = []
+        for name in FILES:
+            for tmp in self.path.glob(f".{name}.*.tmp"):
+                with contextlib.suppress(FileNotFoundError), writing(tmp):
+                    tmp.unlink()
+                    removed.append(tmp)
+        return removed
 
     def read_json(self, name: str) -> dict:
         """One of the run's JSON files: each is an object."""
@@ -223,13 +288,9 @@ class RunDir:
         """What the checkpoint records of metrics.jsonl: its length and sha256 so far."""
         return {"bytes": self._metrics_bytes, "sha256": self._metrics.hexdigest()}
 
-    def restore_metrics(self, position: dict, server_round: int) -> list[dict]:
-        """The records up to the checkpoint, checked byte for byte; a torn tail is cut.
-
-        Records the checkpoint covers must be exactly as written (an edited or corrupted line
-        is an error and nothing is rewritten); lines after them (a round that was running
-        when the process died, maybe cut mid-line) are dropped and recomputed.
-        """
+    def check_metrics(self, position: dict, server_round: int) -> tuple[bytes, bool]:
+        """The records up to the checkpoint, checked byte for byte (an edited or corrupted
+        line is an error), and whether a torn tail follows them; nothing is written."""
         path = self.path / METRICS
         try:
             data = path.read_bytes()
@@ -243,7 +304,18 @@ class RunDir:
                 "checkpoint recorded (edited, truncated or corrupted); nothing was changed. "
                 "Start the run again with --force"
             )
-        if len(data) > size:
+        return prefix, len(data) > size
+
+    def restore_metrics(self, position: dict, server_round: int) -> list[dict]:
+        """The records up to the checkpoint, checked byte for byte; a torn tail is cut.
+
+        Records the checkpoint covers must be exactly as written (an edited or corrupted line
+        is an error and nothing is rewritten); lines after them (a round that was running
+        when the process died, maybe cut mid-line) are dropped and recomputed.
+        """
+        prefix, torn = self.check_metrics(position, server_round)
+        size = len(prefix)
+        if torn:
             self.write_bytes(METRICS, prefix)
         self._metrics = hashlib.sha256(prefix)
         self._metrics_bytes = size
@@ -314,6 +386,11 @@ class RunDir:
         return (self.path / SUMMARY).exists()
 
 
+def json_text(obj: Any) -> str:
+    """A run's JSON file as `RunDir.write_json` writes it (strict JSON, indented)."""
+    return json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n"
+
+
 def content_digest(ckpt: dict) -> str:
     return tensors_digest({k: v for k, v in ckpt.items() if k not in (DIGEST, "fingerprint")})
 
@@ -354,6 +431,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     RUN: {"engine": str, "protofed": str},
     SUMMARY: {"final": dict, "selected": dict, "status": str},
     PROVENANCE: {"sessions": list, "data": list, "packages": dict},
+    CHECKSUMS: {METRICS: str, SUMMARY: str},
 }
 
 

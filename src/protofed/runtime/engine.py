@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
 from protofed.config import ExperimentConfig, build_config
 from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
-from protofed.runs import CHECKPOINT, RunDir, check_digest
+from protofed.runs import CHECKPOINT, PARTITION, PARTITION_TXT, RunDir, check_digest, json_text
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
 from protofed.runtime.local import InProcessTransport, PooledTransport, use_stacked
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root
+from protofed.runtime.provenance import read_provenance
 from protofed.runtime.scoring import ServerSideEvaluation
 
 
@@ -100,20 +102,30 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         raise
     try:
         ckpt = run.load_checkpoint(map_location=cfg.train.device, verify=False)
-        if ckpt is None:  # killed before its first checkpoint: start again
+        server_round = None
+        if ckpt is not None:  # else killed before its first checkpoint: start again
+            progress = ckpt["progress"]
+            server_round = progress.get("server_round") if isinstance(progress, dict) else None
+            check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
+            if fault := states_fault(ckpt, loop.server, prepared.algorithm.setting.init_model):
+                raise ConfigError(
+                    f"{run.path / CHECKPOINT}: {fault}; start the run again with --force"
+                )
+            if type(server_round) is not int:
+                raise ConfigError(
+                    f"{run.path / CHECKPOINT}: no round recorded in its progress; start the "
+                    "run again with --force"
+                )
+            check_digest(run.path / CHECKPOINT, ckpt)  # after the checks that name an entry
+            run.check_metrics(ckpt["metrics"], server_round)
+        partition = check_partition(run, prepared, ckpt, server_round)
+        read_provenance(run)  # as the session will read it
+        # every check passed: only now is anything written
+        run.remove_temporaries()
+        restore_partition(run, prepared, partition)
+        if ckpt is None or type(server_round) is not int:
             run.reset_metrics()
             return loop
-        progress = ckpt["progress"]
-        server_round = progress.get("server_round") if isinstance(progress, dict) else None
-        check_fingerprint(ckpt["fingerprint"], fingerprint(prepared), run.path, server_round)
-        if fault := states_fault(ckpt, loop.server, prepared.algorithm.setting.init_model):
-            raise ConfigError(f"{run.path / CHECKPOINT}: {fault}; start the run again with --force")
-        if type(server_round) is not int:
-            raise ConfigError(
-                f"{run.path / CHECKPOINT}: no round recorded in its progress; start the run "
-                "again with --force"
-            )
-        check_digest(run.path / CHECKPOINT, ckpt)  # after the checks that name an entry
         kept = run.restore_metrics(ckpt["metrics"], server_round)
         loop.history = [RoundRecord.from_json(record) for record in kept]
         loop.restore(ckpt)
@@ -122,3 +134,40 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
         run.unlock()
         raise
     return loop
+
+
+def check_partition(
+    run: RunDir, prepared: Prepared, ckpt: dict | None, server_round: int | None
+) -> bytes | None:
+    """partition.json is what the checkpoint recorded (its sha256, under the fingerprint's
+    `partition`; checkpoints written before it are not checked), or exactly what the
+    federation just built gives (a file this check restored, on a data root that moved);
+    an edited one is a one-line error. Returns the bytes to restore it with where it is
+    missing (None: it is there), writing nothing."""
+    fresh = json_text(prepared.fed.summary()).encode()
+    path = run.path / PARTITION
+    if not path.is_file():
+        return fresh
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    saved = ckpt.get("fingerprint") if ckpt is not None else None
+    recorded = saved.get("partition") if isinstance(saved, dict) else None
+    digest = hashlib.sha256(data).hexdigest()
+    if recorded is not None and digest != recorded and data != fresh:
+        raise ConfigError(
+            f"{path}: edited since the checkpoint of round {server_round} (its sha256 is not "
+            "the one recorded); restore it, or delete it (a resume writes it again from the "
+            "data), or start the run again with --force"
+        )
+    run.partition_sha256 = digest
+    return None
+
+
+def restore_partition(run: RunDir, prepared: Prepared, fresh: bytes | None) -> None:
+    """partition.json (and partition.txt) written again from the federation where missing."""
+    if fresh is not None:
+        run.write_partition(prepared.fed.summary())
+    if not (run.path / PARTITION_TXT).is_file():
+        run.write_text(PARTITION_TXT, prepared.fed.counts_table())

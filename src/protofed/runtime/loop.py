@@ -158,6 +158,8 @@ class RoundLoop:
         assert self.run_dir is not None, "a checkpoint belongs to a run directory"
         if self._fingerprint is None:
             self._fingerprint = fingerprint(self.prepared)
+            if self.run_dir.partition_sha256 is not None:  # what a resume verifies it by
+                self._fingerprint["partition"] = self.run_dir.partition_sha256
         trained = self.transport.trained or {}
         state = {
             "progress": asdict(self.progress),
@@ -389,5 +391,5 @@ class RoundLoop:
             ),
         )
         if self.run_dir is not None:
-            self.run_dir.write_json("summary.json", summary.to_json())
+            self.run_dir.write_summary(summary.to_json())
         return summary

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from protofed.core.results import Summary
+from protofed.errors import ConfigError
 from protofed.runs import CHECKPOINT, METRICS, PROVENANCE, RunDir, protofed_version
 
 PACKAGES = ("torch", "numpy", "scikit-learn", "flwr")
@@ -151,6 +152,21 @@ def environment(files: Sequence[Path], device: str) -> dict[str, Any]:
     }
 
 
+def read_provenance(run_dir: RunDir) -> dict[str, Any] | None:
+    """provenance.json as the sessions read it (None where the run has none): a damaged or
+    edited one is a one-line error naming it. `engine.resume` calls it before it writes
+    anything, so a refused resume leaves the run as it was."""
+    if not (run_dir.path / PROVENANCE).is_file():
+        return None
+    doc = run_dir.read_json(PROVENANCE)
+    if not all(isinstance(session, dict) for session in doc.get("sessions", [])):
+        raise ConfigError(
+            f"{run_dir.path / PROVENANCE}: not as protofed writes it (a session is not a JSON "
+            "object); restore it, or delete it (the next session writes a new one)"
+        )
+    return doc
+
+
 def begin_session(run_dir: RunDir, files: Sequence[Path], device: str, engine: str) -> None:
     """Record a session that starts (or resumes) the run's rounds in this process."""
     env = environment(files, device)
@@ -161,11 +177,12 @@ def begin_session(run_dir: RunDir, files: Sequence[Path], device: str, engine: s
         "engine": engine,
         "outcome": "running",
     }
-    if not (run_dir.path / PROVENANCE).is_file():
+    found = read_provenance(run_dir)
+    if found is None:
         doc = {**env, "command": session["command"], "start": session["start"], "end": None}
         doc["sessions"] = [session]
     else:
-        doc = run_dir.read_json(PROVENANCE)
+        doc = found
         changed = {k: v for k, v in env.items() if doc.get(k) != v}
         if changed:
             session["changed"] = changed

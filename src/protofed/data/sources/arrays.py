@@ -38,6 +38,12 @@ def _arrays_from_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     if group is not None and (group.ndim != 1 or len(group) != len(X)):
         raise ConfigError(f"{path}: X has shape {X.shape} but group has shape {group.shape}")
     require_finite(X.astype(np.float64, copy=False), f"{path}: array 'X'")
+    if group is not None and group.dtype.kind in "fc" and not np.isfinite(group).all():
+        bad = int((~np.isfinite(group)).sum())
+        raise ConfigError(
+            f"{path}: array 'group' has {bad} NaN or infinite value(s); give every sample a "
+            "group (or leave 'group' out)"
+        )
     return X, y, group, "group" if group is not None else None
 
 
