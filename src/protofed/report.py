@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from protofed.config import build_config, flatten
-from protofed.core.results import NOT_A_GUARANTEE, ReportedRound, RoundRecord, Summary
+from protofed.core.caveats import NOT_A_GUARANTEE
+from protofed.core.results import ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
 from protofed.runs import METRICS as METRICS_FILE

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from protofed.cli.common import EXIT_DIVERGED, console, err_console, pct
-from protofed.core.results import NOT_A_GUARANTEE
+from protofed.core.caveats import NOT_A_GUARANTEE
 
 SummaryView = tuple[Table, str, list[str]]
 

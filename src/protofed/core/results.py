@@ -378,10 +378,6 @@ class TimeSummary(Seconds):
     checkpoint_s: float = 0.0
 
 
-NOT_A_GUARANTEE = "not a guarantee: the noise can be regenerated from the config"
-"""What every output says of an epsilon whose noise came from the seed (privacy.noise=seeded)."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class PrivacySummary(JsonRecord):
     """What a private run guarantees (summary.json's `privacy`): (epsilon, delta) at the

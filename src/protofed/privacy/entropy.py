@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from protofed.core.results import NOT_A_GUARANTEE
+from protofed.core.caveats import NOT_A_GUARANTEE
 from protofed.core.seeding import (
     PRIVACY_CLIENT,
     PRIVACY_SERVER,
