@@ -294,3 +294,16 @@ def test_a_round_without_replies_keeps_the_observation() -> None:
     out = algorithm.aggregate(server, iter([]), 1)
     assert not any(k.startswith("audit.") for k in out.server[PRIVACY])
     assert torch.is_tensor(out.server[PRIVACY]["clip_norm"])
+
+
+# noise the model can survive ---------------------------------------------------------------
+@pytest.mark.parametrize(("sigma", "warned"), [(1.0, False), (5.0, True)])
+def test_noise_far_above_the_clip_is_warned_before_round_1(sigma, warned, caplog) -> None:
+    """6 clients of digits, an MLP of 2,410 weights: sigma x sqrt(d) / m is 8 at sigma 1
+    (no warning) and 41 at sigma 5 (above 10: warned, with the ways out)."""
+    with caplog.at_level("WARNING", logger="protofed"):
+        prepare(_private(f"privacy.noise_multiplier={sigma}"))
+    said = [r.getMessage() for r in caplog.records if "times its clip norm" in r.getMessage()]
+    assert bool(said) == warned
+    if warned:
+        assert "more clients a round" in said[0]
