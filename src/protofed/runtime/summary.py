@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from protofed.config import ExperimentConfig
 from protofed.core.results import (
     CommSummary,
@@ -120,15 +122,19 @@ def chance_warnings(
     """A warning when no evaluated round's validation accuracy beat chance.
 
     Chance is the better of uniform guessing and predicting each client's most frequent
-    validation class (their mean over clients); one point of margin. Worded for whoever runs
+    training class on its validation data (their mean over clients; the validation split's
+    own majority would be 100 % for a client with one validation sample); one point of
+    margin. Worded for whoever runs
     the experiment: too few rounds, a learning rate far off, no momentum, or features left on
     raw scales (data.standardize=false) are the usual causes; in a `private` run, the noise.
     """
-    counts = fed.counts_by_split()["val"]
+    split = fed.counts_by_split()
+    counts, guess = split["val"], split["train"].argmax(axis=1)
     sizes = counts.sum(axis=1)
     if not history or sizes.sum() == 0:
         return []
-    majority = float((counts.max(axis=1)[sizes > 0] / sizes[sizes > 0]).mean())
+    hits = counts[np.arange(len(counts)), guess]
+    majority = float((hits[sizes > 0] / sizes[sizes > 0]).mean())
     chance = max(1.0 / fed.num_classes, majority)
     best = max((h.val.acc for h in history if h.val.acc is not None), default=None)
     if best is None or best > chance + 0.01:
