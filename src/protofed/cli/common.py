@@ -4,13 +4,15 @@ the exit codes, and the handling of the faults a user can fix."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -21,13 +23,43 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from typer.core import TyperGroup
 
 from protofed.errors import ConfigError, RunStopped
 
 if TYPE_CHECKING:
     from protofed.config import ExperimentConfig
 
+
+def reflow(text: str | None) -> str | None:
+    """A docstring's paragraphs each on one line, so that the help wraps them on words at the
+    terminal's width: Typer's rich help keeps the single line breaks of every paragraph but
+    the first, and a narrow terminal then breaks each source line again mid-sentence. A
+    paragraph that starts with click's `\\b` keeps its lines."""
+    if not text:
+        return text
+    body, cut, rest = inspect.cleandoc(text).partition("\f")
+    paragraphs = [p if p.startswith("\b") else " ".join(p.split()) for p in body.split("\n\n")]
+    return "\n\n".join(paragraphs) + cut + rest
+
+
+def reflow_help(command: click.Command) -> None:
+    """`reflow` on the help of `command` and of every command under it."""
+    command.help = reflow(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        reflow_help(sub)
+
+
+class ReflowGroup(TyperGroup):
+    """The app's group: the help of every command reflowed (`reflow`) as it is built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        reflow_help(self)
+
+
 app = typer.Typer(
+    cls=ReflowGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
