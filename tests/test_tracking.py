@@ -111,9 +111,12 @@ def test_tensorboard_scalars_are_the_metrics_of_each_round(cli_run):
 
 
 def test_a_piped_stderr_gets_one_plain_line_per_evaluated_round(cli_run):
+    """Round 1, not evaluated, gets a line without scores (the CLI's, issue 57)."""
     out, done = cli_run
     lines = [line for line in done.stderr.splitlines() if line.startswith("round ")]
-    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "4/4"]
+    assert "F1" not in lines[0] and " s/round  ETA " in lines[0], lines[0]
+    lines = lines[1:]
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     for line, record in zip(lines, records, strict=True):
         pers = f"pers F1 {100 * record['personalization']['f1']:.2f}%"

@@ -39,3 +39,55 @@ def test_help_prose_wraps_on_words_at_the_terminal_width(command: list[str], wid
     for line, after in zip(prose, prose[1:], strict=False):
         if line and after:  # two lines of one paragraph
             assert len(line) + 1 + len(after.split()[0]) > width - 2, (line, after)
+
+
+def test_a_run_without_a_terminal_prints_a_line_from_round_one(tmp_path) -> None:
+    """stdout and stderr pipes (a log file, a scheduler): round 1 gets a plain line though it
+    is not evaluated, the evaluated rounds their lines with scores."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "-s", "data.num_clients=4", "-s", "model.name=mlp"]
+    args += ["-s", "model.hidden=[16]", "-s", "train.rounds=4", "-s", "eval.every=3"]
+    env = {k: v for k, v in os.environ.items() if k != "PROTOFED_PROGRESS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "protofed", *args], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("round ")]
+    assert lines[0].startswith("round 1/4  loss ") and "F1" not in lines[0], lines
+    assert "s/round  ETA " in lines[0]
+    assert lines[1].startswith("round 3/4  loss ") and "pers F1" in lines[1], lines
+    assert not any(line.startswith("round 2/4") for line in lines), lines  # under 10 s
+
+
+def test_unevaluated_rounds_get_a_line_at_most_every_interval() -> None:
+    """After round 1, a round not evaluated gets a line only once LINE_EVERY_S passed since
+    the last line; an evaluated round's line (the tracking's) counts as the last line."""
+    import io
+    from types import SimpleNamespace
+
+    from protofed.cli.run import RoundsDisplay
+
+    display = RoundsDisplay(quiet=True)
+    display.lines = io.StringIO()
+    clock = SimpleNamespace(
+        rounds=0, last=0.0, per_round=2.0, eta_s=lambda r, total: 2.0 * (total - r)
+    )
+    tracking = SimpleNamespace(clock=clock, loss=0.5)
+    display.started = SimpleNamespace(tracking=tracking, rounds=100)  # type: ignore[assignment]
+
+    def round_ends(server_round: int, at: float, evaluated: bool = False) -> None:
+        clock.rounds, clock.last = clock.rounds + 1, at
+        display.update(server_round, None, object() if evaluated else None)
+
+    round_ends(1, 2.0)  # the first: a line
+    round_ends(2, 4.0)
+    round_ends(3, 12.5)  # 10.5 s after round 1's line: a line
+    round_ends(4, 14.0, evaluated=True)  # the tracking's line
+    round_ends(5, 20.0)  # 6 s after it: none
+    printed = display.lines.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in printed] == ["round 1/100", "round 3/100"]
+    assert printed[0] == "round 1/100  loss 0.5000  2.0 s/round  ETA 3m18s"

@@ -50,6 +50,8 @@ class RoundsDisplay:
     `on_start`) to the end of the `with` block; the API's summary warnings are left to the
     printed summary."""
 
+    LINE_EVERY_S = 10.0  # without a terminal: a line at least this often (`unevaluated_line`)
+
     def __init__(self, quiet: bool) -> None:
         self.show = show_progress(quiet)
         self.lines = sys.stderr if not quiet and not self.show else None
@@ -57,6 +59,7 @@ class RoundsDisplay:
         self.started: Started | None = None
         self._task: TaskID | None = None
         self._stack = contextlib.ExitStack()
+        self._last_line = 0.0  # perf_counter() of the last plain line
 
     def start(self, started: Started) -> None:
         """The API's `on_start`: the bar, and SIGTERM as Ctrl-C, from here on."""
@@ -67,11 +70,47 @@ class RoundsDisplay:
             started.algorithm, total=started.rounds, completed=started.done, status=""
         )
 
-    def update(self, server_round: int, *_: object) -> None:
-        """The API's `on_round`: the bar at the round, with the tracking's status."""
-        if self.started is not None and self._task is not None:
+    def update(self, server_round: int, _info: object = None, record: object = None) -> None:
+        """The API's `on_round`: the bar at the round, with the tracking's status; or, with
+        no bar, a plain line for a round not evaluated (`unevaluated_line`)."""
+        if self.started is None:
+            return
+        if self._task is not None:
             status = self.started.tracking.status
             self.bar.update(self._task, completed=server_round, status=status)
+        if self.lines is not None:
+            self.unevaluated_line(server_round, evaluated=record is not None)
+
+    def unevaluated_line(self, server_round: int, evaluated: bool) -> None:
+        """Without a terminal the tracking writes a line per evaluated round only, so a run
+        that evaluates late (eval.every) said nothing for minutes: a line with the round, the
+        loss, the time per round and the ETA after this session's first round, then whenever
+        `LINE_EVERY_S` passed since the last line, evaluated or not."""
+        from protofed.tracking import duration
+
+        assert self.started is not None and self.lines is not None
+        tracking = self.started.tracking
+        clock = tracking.clock  # already ticked for this round
+        if evaluated:  # the tracking wrote its line, with the scores
+            self._last_line = clock.last
+            return
+        if clock.rounds > 1 and clock.last - self._last_line < self.LINE_EVERY_S:
+            return
+        self._last_line = clock.last
+        per = clock.per_round
+        loss = "-" if tracking.loss is None else f"{tracking.loss:.4f}"
+        line = "  ".join(
+            [
+                f"round {server_round}/{self.started.rounds}",
+                f"loss {loss}",
+                f"{per:.1f} s/round" if per >= 1 else f"{per:.2f} s/round",
+                f"ETA {duration(clock.eta_s(server_round, self.started.rounds))}",
+            ]
+        )
+        try:
+            print(line, file=self.lines, flush=True)
+        except (OSError, ValueError):  # the pipe's reader went away: the run goes on
+            self.lines = None
 
     def __enter__(self) -> RoundsDisplay:
         from protofed.api import SummaryWarning
