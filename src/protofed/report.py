@@ -752,3 +752,311 @@ def _domain_means(run: RunDir, record: RoundRecord, key: str) -> dict[str, float
         return names[g] if isinstance(g, int) and g < len(names) else f"group_{g}"
 
     return {label(g): sum(values[g]) / len(values[g]) for g in ordered}
+
+
+# seed statistics that decide: --compare A B and --cd (docs/reporting.md#seed-statistics) ------
+LOWER_IS_BETTER = (
+    "train_loss",
+    "MB_per_round",
+    "up_MB_per_round",
+    "down_MB_per_round",
+    "s_per_round",
+    "epsilon",
+)
+CONFIDENCE = 0.95
+# the exact two-sided Wilcoxon p is at least 2 / 2^n: below 0.05 only from n = 6 on
+WILCOXON_MIN_N = 6
+
+
+def find_group(key: str, groups: Sequence[Group], names: Sequence[str]) -> int:
+    """The index of the one group `key` names: its table label, its figures' label, a
+    `--label` text, or a pattern of its run folders' names (`label_matches`)."""
+    hits = [i for i, g in enumerate(groups) if key == names[i] or label_matches(key, g)]
+    if len(hits) != 1:
+        known = "; ".join(names)
+        what = "no group" if not hits else f"{len(hits)} groups"
+        raise ConfigError(f"--compare '{key}' names {what} (the groups: {known})")
+    return hits[0]
+
+
+def check_metric(groups: Sequence[Group], column: str) -> None:
+    known = metric_columns([r for g in groups for r in g.runs])
+    if column not in known:
+        raise ConfigError(f"--metric '{column}' is no column of the report (pers_f1, gen_f1, ...)")
+
+
+def by_seed(group: Group, name: str, column: str) -> dict[int, float]:
+    """{seed: value of `column`} of a group's runs; a seed run twice, or a run without the
+    value, is a ConfigError (a pairing by seed needs one number per seed)."""
+    out: dict[int, float] = {}
+    for r in group.runs:
+        value = r.get(column)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            raise ConfigError(f"run {r['run']} of '{name}' has no {column}")
+        if r["seed"] in out:
+            raise ConfigError(
+                f"'{name}' has two runs of seed {r['seed']}: group them apart (--group-by)"
+            )
+        out[int(r["seed"])] = float(value)
+    return out
+
+
+def _paired_seeds(maps: Sequence[dict[int, float]], names: Sequence[str]) -> list[int]:
+    seeds = [sorted(m) for m in maps]
+    for name, s in zip(names[1:], seeds[1:], strict=True):
+        if s != seeds[0]:
+            raise ConfigError(
+                f"unpaired seeds: '{names[0]}' has seeds {_seeds_text(seeds[0])}, '{name}' has "
+                f"{_seeds_text(s)}; runs are paired by seed: give each group the same seeds"
+            )
+    return seeds[0]
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    return "{" + ", ".join(map(str, seeds)) + "}"
+
+
+@dataclass
+class PairedComparison:
+    """`--compare A B`: A - B of `column` over the seeds both ran, paired by seed."""
+
+    a: str
+    b: str
+    column: str
+    seeds: list[int]
+    a_values: list[float]
+    b_values: list[float]
+    mean: float  # the mean of the per-seed differences A - B
+    ci: tuple[float, float] | None  # 95 % t-interval of that mean (None: no spread)
+    t: float | None  # paired t-test (scipy.stats.ttest_rel), two-sided
+    t_p: float | None
+    wilcoxon: float | None  # Wilcoxon signed-rank (scipy.stats.wilcoxon), two-sided
+    wilcoxon_p: float | None
+    notes: list[str] = field(default_factory=list)  # why a test was not run
+
+    @property
+    def diffs(self) -> list[float]:
+        return [x - y for x, y in zip(self.a_values, self.b_values, strict=True)]
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    def lines(self) -> list[str]:
+        unit = _unit(self.column)[0]
+        tail = f" {unit}" if unit and unit != "%" else ""
+        head = (
+            f"{self.column}{' (%)' if unit == '%' else ''}: '{self.a}' - '{self.b}', paired by "
+            f"seed over n = {self.n} seeds {_seeds_text(self.seeds)}"
+        )
+        out = [head, f"mean difference {self.mean:+.4g}{tail}"]
+        if self.ci is not None:
+            out.append(
+                f"95 % CI [{self.ci[0]:+.4g}, {self.ci[1]:+.4g}]{tail} "
+                f"(t-interval, df = {self.n - 1})"
+            )
+        if self.t_p is not None and self.t is not None:
+            out.append(
+                f"paired t-test (scipy.stats.ttest_rel): t = {self.t:.4g}, p = {self.t_p:.4g}"
+            )
+        if self.wilcoxon_p is not None and self.wilcoxon is not None:
+            out.append(
+                f"Wilcoxon signed-rank (scipy.stats.wilcoxon): W = {self.wilcoxon:.4g}, "
+                f"p = {self.wilcoxon_p:.4g}"
+            )
+        return out + self.notes
+
+    def to_markdown(self) -> str:
+        head = f"| seed | {self.a} | {self.b} | difference |\n|---:|---:|---:|---:|\n"
+        body = "".join(
+            f"| {s} | {x:.6g} | {y:.6g} | {x - y:+.6g} |\n"
+            for s, x, y in zip(self.seeds, self.a_values, self.b_values, strict=True)
+        )
+        text = "\n".join(f"- {line}" for line in self.lines()[1:])
+        return f"# {self.lines()[0]}\n\n{head}{body}\n{text}\n"
+
+    def to_json(self) -> str:
+        keys = ("a", "b", "column", "seeds", "a_values", "b_values", "mean", "ci", "t", "t_p")
+        data = {k: getattr(self, k) for k in keys}
+        data.update(
+            diffs=self.diffs, wilcoxon=self.wilcoxon, wilcoxon_p=self.wilcoxon_p, notes=self.notes
+        )
+        return json.dumps(data, indent=2) + "\n"
+
+
+def paired_comparison(
+    groups: Sequence[Group], names: Sequence[str], a: str, b: str, column: str = "pers_f1"
+) -> PairedComparison:
+    """A - B of `column` paired by seed: mean of the per-seed differences, its 95 %
+    t-interval and the paired t-test (scipy.stats.ttest_rel), and the Wilcoxon signed-rank
+    test (scipy.stats.wilcoxon, exact) where n >= 6 (below, its p cannot reach 0.05)."""
+    from scipy import stats
+
+    check_metric(groups, column)
+    ia, ib = find_group(a, groups, names), find_group(b, groups, names)
+    if ia == ib:
+        raise ConfigError(f"--compare '{a}' '{b}': both name the group '{names[ia]}'")
+    pair = (names[ia], names[ib])
+    maps = [by_seed(groups[i], names[i], column) for i in (ia, ib)]
+    seeds = _paired_seeds(maps, pair)
+    if len(seeds) < 2:
+        raise ConfigError(f"--compare needs at least 2 paired seeds (got {len(seeds)})")
+    xa = np.array([maps[0][s] for s in seeds])
+    xb = np.array([maps[1][s] for s in seeds])
+    d = xa - xb
+    n = len(seeds)
+    notes: list[str] = []
+    ci: tuple[float, float] | None = None
+    t = t_p = w = w_p = None
+    if np.ptp(d) == 0:
+        notes.append("no t-interval or t-test: every seed's difference is the same")
+    else:
+        res = stats.ttest_rel(xa, xb)
+        low, high = res.confidence_interval(CONFIDENCE)
+        ci, t, t_p = (float(low), float(high)), float(res.statistic), float(res.pvalue)
+    if n < WILCOXON_MIN_N:
+        notes.append(
+            f"Wilcoxon signed-rank not run: n = {n} < {WILCOXON_MIN_N} "
+            f"(its smallest two-sided p, 2/2^n, is {2 / 2**n:.3g})"
+        )
+    elif not d.any():
+        notes.append("Wilcoxon signed-rank not run: every difference is 0")
+    else:
+        wres = stats.wilcoxon(xa, xb)
+        w, w_p = float(wres.statistic), float(wres.pvalue)
+    return PairedComparison(
+        pair[0], pair[1], column, seeds, xa.tolist(), xb.tolist(), float(d.mean()),
+        ci, t, t_p, w, w_p, notes,
+    )  # fmt: skip
+
+
+@dataclass
+class RankTable:
+    """`--cd`: methods ranked within each block (a data set, or a seed when the runs are on
+    one data set), Friedman's test over the ranks and Nemenyi's critical difference
+    (Demšar 2006)."""
+
+    column: str
+    methods: list[str]
+    blocks: list[str]
+    block_kind: str  # "data set" or "seed"
+    scores: np.ndarray  # blocks x methods
+    ranks: np.ndarray  # blocks x methods, 1 = best, ties share their mean rank
+    cd: float
+    friedman: float | None  # scipy.stats.friedmanchisquare: None for 2 methods
+    friedman_p: float | None
+    alpha: float = 1 - CONFIDENCE
+
+    @property
+    def average_ranks(self) -> np.ndarray:
+        return self.ranks.mean(axis=0)
+
+    def cliques(self) -> list[tuple[int, int]]:
+        """Runs of methods (positions in the order of average rank) whose ranks lie less
+        than the CD apart: Nemenyi finds no difference within each; maximal runs only."""
+        r = np.sort(self.average_ranks)
+        out: list[tuple[int, int]] = []
+        for i in range(len(r)):
+            j = max(k for k in range(i, len(r)) if r[k] - r[i] < self.cd)
+            if j > i and not any(lo <= i and j <= hi for lo, hi in out):
+                out.append((i, j))
+        return out
+
+    def lines(self) -> list[str]:
+        order = np.argsort(self.average_ranks, kind="stable")
+        out = [
+            f"{self.column}: {len(self.methods)} methods ranked over {len(self.blocks)} "
+            f"{self.block_kind}s (1 = best)",
+            *(f"  {self.average_ranks[i]:.3f}  {self.methods[i]}" for i in order),
+            f"Nemenyi critical difference (alpha = {self.alpha:.2g}): CD = {self.cd:.4g}",
+        ]
+        if self.friedman is None or self.friedman_p is None:
+            out.append("Friedman test not run: scipy's needs 3 methods (2 here: see --compare)")
+        else:
+            out.append(
+                f"Friedman test (scipy.stats.friedmanchisquare): chi2 = {self.friedman:.4g}, "
+                f"p = {self.friedman_p:.4g}"
+            )
+        return out
+
+    def to_markdown(self) -> str:
+        head = f"| {self.block_kind} | " + " | ".join(self.methods) + " |\n"
+        head += "|---" * (len(self.methods) + 1) + "|\n"
+        body = "".join(
+            f"| {b} | "
+            + " | ".join(
+                f"{s:.6g} ({r:g})" for s, r in zip(self.scores[i], self.ranks[i], strict=True)
+            )
+            + " |\n"
+            for i, b in enumerate(self.blocks)
+        )
+        text = "\n".join(f"- {line.strip()}" for line in self.lines()[1:])
+        return f"# {self.lines()[0]}\n\n{self.column} (rank) per {self.block_kind}:\n\n{head}{body}\n{text}\n"
+
+
+def nemenyi_cd(k: int, n: int, alpha: float = 1 - CONFIDENCE) -> float:
+    """Nemenyi's critical difference of average ranks, k methods over n blocks:
+    q_alpha / sqrt(2) * sqrt(k (k + 1) / (6 n)), q_alpha the studentized range quantile
+    with infinite degrees of freedom (Demšar 2006's table, computed)."""
+    from scipy.stats import studentized_range
+
+    q = float(studentized_range.ppf(1 - alpha, k, np.inf))
+    return q / math.sqrt(2) * math.sqrt(k * (k + 1) / (6 * n))
+
+
+def _method_name(name: str) -> str:
+    parts = [p for p in name.split(", ") if not p.startswith("data.name=")]
+    return ", ".join(parts)
+
+
+def rank_table(groups: Sequence[Group], names: Sequence[str], column: str = "pers_f1") -> RankTable:
+    """The report's groups as methods, ranked by `column` within each block: the data sets
+    (each method's mean over its seeds there) when the runs span several, else the seeds
+    (runs paired by seed)."""
+    from scipy import stats
+
+    check_metric(groups, column)
+    datasets = list(dict.fromkeys(str(r["dataset"]) for g in groups for r in g.runs))
+    if len(datasets) > 1:
+        cells_: dict[tuple[str, str], float] = {}
+        methods: list[str] = []
+        for g, name in zip(groups, names, strict=True):
+            mine = {str(r["dataset"]) for r in g.runs}
+            if len(mine) > 1:
+                raise ConfigError(f"'{name}' mixes data sets: group by data.name too")
+            method = _method_name(name)
+            if not method:
+                raise ConfigError(f"'{name}' differs from the others in its data set only")
+            if (method, mine.pop()) in cells_:
+                raise ConfigError(f"two groups are '{method}' on one data set: --group-by")
+            vals = g.values(column)
+            if len(vals) < g.n:
+                raise ConfigError(f"a run of '{name}' has no {column}")
+            cells_[(method, str(g.runs[0]["dataset"]))] = float(vals.mean())
+            methods += [] if method in methods else [method]
+        for m in methods:
+            for ds in datasets:
+                if (m, ds) not in cells_:
+                    raise ConfigError(
+                        f"'{m}' has no runs on data set {ds}: ranks need every method on every one"
+                    )
+        blocks, kind = datasets, "data set"
+        scores = np.array([[cells_[(m, ds)] for m in methods] for ds in datasets])
+    else:
+        methods = list(names)
+        maps = [by_seed(g, n, column) for g, n in zip(groups, names, strict=True)]
+        seeds = _paired_seeds(maps, names) if len(maps) > 1 else sorted(maps[0]) if maps else []
+        blocks, kind = [str(s) for s in seeds], "seed"
+        scores = np.array([[m[s] for m in maps] for s in seeds]).reshape(len(seeds), len(maps))
+    if len(methods) < 2:
+        raise ConfigError(f"--cd needs at least 2 groups to rank (got {len(methods)})")
+    if len(blocks) < 2:
+        raise ConfigError(f"--cd needs at least 2 {kind}s to rank over (got {len(blocks)})")
+    sign = 1.0 if column in LOWER_IS_BETTER else -1.0
+    ranks = np.array([stats.rankdata(sign * row) for row in scores])
+    k, n = len(methods), len(blocks)
+    chi = p = None
+    if k >= 3:
+        res = stats.friedmanchisquare(*scores.T)
+        chi, p = float(res.statistic), float(res.pvalue)
+    return RankTable(column, methods, blocks, kind, scores, ranks, nemenyi_cd(k, n), chi, p)
