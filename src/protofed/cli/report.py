@@ -80,6 +80,25 @@ def report(
     style: StyleOption = "screen",
     title: TitleOption = None,
     panels: PanelsOption = None,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare",
+            help="A B: A - B over seeds, paired by seed, with a 95 % CI, a paired t-test and "
+            "(n >= 6) Wilcoxon; also written to OUT-compare.md and .json. A, B: groups' labels.",
+        ),
+    ] = None,
+    cd: Annotated[
+        bool,
+        typer.Option(
+            "--cd",
+            help="Rank the groups over data sets (or seeds on one data set): Friedman test, "
+            "Nemenyi CD diagram in OUT-cd.png/pdf, ranks in OUT-cd.md.",
+        ),
+    ] = False,
+    metric: Annotated[
+        str, typer.Option("--metric", help="--compare, --cd: the column compared.")
+    ] = "pers_f1",
 ) -> None:
     """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
     and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
@@ -113,9 +132,10 @@ def report(
         spread = "one run per row" if group_by == "none" else f"mean ± {STD_NOTE}"
         table, wide = _scores_table(table_rows, when, spread, out)
         drawn = _draw(plot, groups, labels, (band, style, title, panels))  # before any file
+        decided, results = _decide(groups, names, compare, cd, metric, out)  # and statistics
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
-        for path in (md, csv_path):  # every place probed first: a blocked one writes nothing
-            check_writable(path)
+        for path in (md, csv_path, *decided):  # every place probed first: a blocked one
+            check_writable(path)  # writes nothing
         if drawn is not None:
             from protofed.plots.curves import check_figures_writable
 
@@ -129,7 +149,59 @@ def report(
 
             figs = write_figures(drawn, out, when)
             written += [*figs, write_captions(caption(groups, drawn, band, when), out, figs)]
+        written += _write_decided(decided, results, style)
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+
+
+def _decide(
+    groups: list[Any],
+    names: list[str],
+    compare: tuple[str, str] | None,
+    cd: bool,
+    metric: str,
+    out: Path,
+) -> tuple[dict[Path, Any], list[Any]]:
+    """`--compare` and `--cd`, computed before any file is written: {file: its content} and
+    the results to print."""
+    from protofed.errors import ConfigError
+    from protofed.report import paired_comparison, rank_table
+
+    if metric != "pers_f1" and compare is None and not cd:
+        raise ConfigError("--metric chooses the column of --compare or --cd: add one")
+    files: dict[Path, Any] = {}
+    results: list[Any] = []
+    if compare is not None:
+        result = paired_comparison(groups, names, compare[0], compare[1], metric)
+        files[out.with_name(out.name + "-compare.md")] = result.to_markdown()
+        files[out.with_name(out.name + "-compare.json")] = result.to_json()
+        results.append(result)
+    if cd:
+        table = rank_table(groups, names, metric)
+        files[out.with_name(out.name + "-cd.md")] = table.to_markdown()
+        for suffix in (".png", ".pdf"):
+            files[out.with_name(out.name + "-cd" + suffix)] = table
+        results.append(table)
+    return files, results
+
+
+def _write_decided(files: dict[Path, Any], results: list[Any], style: str) -> list[Path]:
+    """Print the statistics of `_decide`, write their files (the diagram as PNG and PDF)."""
+    from protofed.core.files import atomic_write_text
+    from protofed.plots import save_figure
+
+    written: list[Path] = []
+    for path, content in files.items():
+        if path.suffix in (".md", ".json"):
+            atomic_write_text(path, content)
+            written.append(path)
+        elif path.suffix == ".png":
+            from protofed.plots.cd import cd_diagram
+
+            written += save_figure(cd_diagram(content, style=style), path.with_suffix(""))
+    for result in results:
+        for line in result.lines():
+            console.print(line, highlight=False, soft_wrap=True)
+    return written
 
 
 def _draw(
