@@ -91,3 +91,36 @@ def test_unevaluated_rounds_get_a_line_at_most_every_interval() -> None:
     printed = display.lines.getvalue().splitlines()
     assert [line.split("  ")[0] for line in printed] == ["round 1/100", "round 3/100"]
     assert printed[0] == "round 1/100  loss 0.5000  2.0 s/round  ETA 3m18s"
+
+
+def test_the_summary_names_a_scoring_protocol_away_from_the_default(tmp_path) -> None:
+    """summary.json's `scoring` and the printed summary's line name the eval.* keys that
+    change how the scores are computed; a run at the defaults has neither."""
+    import json
+
+    small = ["-s", "data.num_clients=4", "-s", "model.name=mlp", "-s", "model.hidden=[16]"]
+    small += ["-s", "train.rounds=2", "-q"]
+    out = tmp_path / "union"
+    protocol = ["-s", "eval.f1_labels=union", "-s", "eval.selection=best_test"]
+    result = runner.invoke(app, ["run", "--out", str(out), *small, *protocol])
+    assert result.exit_code == 0, result.output
+    scoring = json.loads((out / "summary.json").read_text())["scoring"]
+    assert scoring == {
+        "eval.selection": {"value": "best_test", "default": "val"},
+        "eval.f1_labels": {"value": "union", "default": "true"},
+    }
+    printed = " ".join(result.stdout.split())  # as wrapped at the terminal's width
+    line = "scoring: eval.selection=best_test (default val), eval.f1_labels=union (default true)"
+    assert line in printed, result.stdout
+    from protofed import Run
+    from protofed.core.results import Summary
+
+    assert Run(out).summary.scoring == scoring  # read back as written
+    written = json.loads((out / "summary.json").read_text())
+    assert Summary.from_json(written).to_json() == written
+
+    plain = tmp_path / "default"
+    result = runner.invoke(app, ["run", "--out", str(plain), *small])
+    assert result.exit_code == 0, result.output
+    assert "scoring" not in json.loads((plain / "summary.json").read_text())
+    assert "scoring:" not in result.stdout

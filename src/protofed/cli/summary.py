@@ -66,6 +66,11 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
         f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "
         f"communication up {c['up_bytes'] / 1e6:.2f} MB, down {c['down_bytes'] / 1e6:.2f} MB"
     )
+    if scoring := summary.get("scoring"):  # the scores are not computed the default way
+        cost += "\nscoring: " + ", ".join(
+            f"{key}={_text(rule.get('value'))} (default {_text(rule.get('default'))})"
+            for key, rule in scoring.items()
+        )
     if (privacy := summary.get("privacy")) is not None:
         spent = "inf" if privacy["epsilon"] is None else f"{privacy['epsilon']:.3g}"
         cost += (
@@ -86,6 +91,11 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
             )
             cost += "\n  " + said
     return table, cost, [str(w) for w in summary.get("warnings", [])]
+
+
+def _text(value: Any) -> str:
+    """A config value as a `-s` override writes it (None as null)."""
+    return "null" if value is None else str(value)
 
 
 def one_model(part: dict[str, Any]) -> bool:

@@ -409,7 +409,7 @@ class Summary(JsonRecord):
 
     `status` is "complete", or "diverged" when a reply or the server state held NaN or
     infinity (`diverged` says where; `final` and `selected` are None if no round was scored).
-    `to_json()` leaves out a missing `diverged`, empty `warnings` and zero
+    `to_json()` leaves out a missing `diverged`, empty `warnings` and `scoring` and zero
     `dropped_nonfinite`, as summary.json always has.
     """
 
@@ -418,6 +418,7 @@ class Summary(JsonRecord):
         "warnings",
         "dropped_nonfinite",
         "privacy",
+        "scoring",
     )
 
     status: str = "complete"
@@ -436,6 +437,9 @@ class Summary(JsonRecord):
     warnings: list[str] = field(default_factory=list)  # e.g. validation never beat chance
     dropped_nonfinite: int = 0  # replies left out for NaN or inf (train.on_nonfinite=drop)
     privacy: PrivacySummary | None = None  # privacy.enabled: the guarantee after the run
+    # the eval.* keys that change how the scores are computed, where not at their default:
+    # {"eval.f1_labels": {"value": "union", "default": "true"}} (`SCORING_KEYS`)
+    scoring: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # an engine's own entries (Flower's)
 
     def as_dict(self) -> Json:
@@ -466,6 +470,11 @@ class Summary(JsonRecord):
             warnings=[str(w) for w in data.get("warnings") or []],
             dropped_nonfinite=int(data.get("dropped_nonfinite") or 0),
             privacy=PrivacySummary.from_json(privacy) if isinstance(privacy, Mapping) else None,
+            scoring={
+                str(k): dict(v)
+                for k, v in (data.get("scoring") or {}).items()
+                if isinstance(v, Mapping)
+            },
             extra={k: v for k, v in data.items() if k not in known},
         )
 

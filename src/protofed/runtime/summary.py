@@ -7,6 +7,7 @@ name) and gets the typed `Summary` that becomes summary.json.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,23 @@ def reported_rounds(
     return ReportedRound.final(history[-1]), selected
 
 
+SCORING_KEYS = ("selection", "metric", "client_model", "f1_labels", "generalization_samples")
+"""The `eval.*` keys that change how a run's reported scores are computed: which round is
+reported, by which metric it is chosen, which model is a client's own, which classes a
+macro-F1 averages over, which test samples generalization is scored on."""
+
+
+def scoring_protocol(cfg: ExperimentConfig) -> dict[str, dict[str, Any]]:
+    """The scoring keys (`SCORING_KEYS`) a config sets away from their defaults, each with
+    its value and its default, for summary.json's `scoring`."""
+    defaults = type(cfg.eval)()
+    return {
+        f"eval.{key}": {"value": value, "default": default}
+        for key in SCORING_KEYS
+        if (value := getattr(cfg.eval, key)) != (default := getattr(defaults, key))
+    }
+
+
 def build_summary(
     cfg: ExperimentConfig,
     history: list[RoundRecord],
@@ -112,6 +130,7 @@ def build_summary(
         warnings=warnings,
         dropped_nonfinite=p.dropped_nonfinite,
         privacy=privacy,
+        scoring=scoring_protocol(cfg),
         extra=dict(extra or {}),
     )
 
