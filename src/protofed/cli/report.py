@@ -101,7 +101,8 @@ def report(
     ] = "pers_f1",
 ) -> None:
     """Compare finished runs: mean ± std over seeds per group, printed and written as Markdown
-    and CSV (docs/reporting.md). Unfinished runs are listed as skipped."""
+    and CSV (docs/reporting.md). Unfinished runs are listed as skipped. --compare A B and --cd
+    test whether the groups' differences hold up over the seeds."""
     from protofed.core.files import atomic_write_text, check_writable
     from protofed.report import (
         STD_NOTE,
