@@ -270,6 +270,13 @@ def _mlflow_history(out: Path) -> tuple[object, str, dict[str, list[tuple[int, f
     return client, kept["run_id"], history
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_server(monkeypatch):
+    """The default local stores, whatever the environment running the tests says."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_log_mlflow_writes_the_rounds_the_config_and_the_summary(tmp_path):
     """`--log mlflow`: a local store in RUN/mlruns/ whose run holds each round's scalars
     under TensorBoard's tags, equal to metrics.jsonl, the config as flattened params and
@@ -278,7 +285,7 @@ def test_log_mlflow_writes_the_rounds_the_config_and_the_summary(tmp_path):
     out = tmp_path / "run"
     result = runner.invoke(app, ["run", "--out", str(out), "--log", "mlflow", *_sets(DIGITS)])
     assert result.exit_code == 0, result.output
-    assert (out / "mlruns" / "mlflow.db").is_file()
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file() and not (out / "mlruns").exists()
     client, run_id, history = _mlflow_history(out)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
@@ -334,6 +341,56 @@ def test_a_resumed_run_logs_into_the_same_mlflow_run(tmp_path):
     assert run_id == first_id and client.get_run(run_id).info.status == "FINISHED"
     assert [s for s, _ in history["train/loss"]] == [1, 2, 3, 3, 4]
     assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1
+
+
+TINY = {
+    "data": {"name": "digits", "num_clients": 4},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"rounds": 2, "lr": 0.1, "threads": 1},
+}
+
+
+def test_runs_under_one_root_share_one_mlflow_store(tmp_path, monkeypatch):
+    """Two runs under one folder: one store beside them (ROOT/mlruns/), one experiment, one
+    MLflow run each; $MLFLOW_TRACKING_URI moves a run elsewhere."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        protofed.run(TINY, root / name, log="mlflow")
+        assert not (root / name / "mlruns").exists()
+    store = f"sqlite:///{(root / 'mlruns' / 'mlflow.db').as_posix()}"
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("protofed")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["a", "b"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for r in runs:
+        kept = json.loads((root / r.info.run_name / "mlflow_run.json").read_text())
+        assert kept == {"tracking_uri": store, "run_id": r.info.run_id}
+        loss = json.loads((root / r.info.run_name / "metrics.jsonl").read_text().splitlines()[-1])
+        history = client.get_metric_history(r.info.run_id, "train/loss")
+        assert (history[-1].step, history[-1].value) == (2, pytest.approx(loss["train_loss"]))
+    elsewhere = f"sqlite:///{(tmp_path / 'other.db').as_posix()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere)
+    protofed.run(TINY, root / "c", log="mlflow")
+    assert len(client.search_runs([experiment.experiment_id])) == 2
+    other = MlflowClient(elsewhere)
+    found = other.search_runs([other.get_experiment_by_name("protofed").experiment_id])
+    assert [r.info.run_name for r in found] == ["c"]
+
+
+def test_a_sweep_passes_log_to_each_run():
+    """`protofed sweep --log mlflow`: every child logs, and so shares OUT/mlruns/."""
+    from protofed.config import ExperimentConfig
+    from protofed.sweep import RunState, SweepRun, SweepScheduler
+
+    scheduler = SweepScheduler(
+        Path("S"), {"r": RunState("start")}, 1, log=("mlflow", "tensorboard")
+    )
+    cmd = scheduler.command(SweepRun("r", ExperimentConfig(), {}))
+    assert cmd[-5:] == ["--log", "mlflow", "--log", "tensorboard", "-q"]
 
 
 def test_a_missing_mlflow_and_a_bad_log_value_are_one_line_errors(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -574,13 +574,18 @@ def run_sweep(
     on_start: Callable[[str, str], None] | None = None,
     on_done: Callable[[RunOutcome], None] | None = None,
     python: str = sys.executable,
+    log: str | Sequence[str] | None = None,
 ) -> SweepResult:
     """Run every run of `spec` under `out`, `workers` at a time, skipping finished ones and
     resuming killed ones. SIGINT/SIGTERM stop the children cleanly (they checkpoint); a second
     one kills them. `time_limit`: seconds a run may take in this invocation before it is
     stopped the same way (status "stopped"; the next invocation resumes it). `only`: glob
     patterns of run names to run now (the folder still belongs to the whole spec). Every
-    config is validated before anything is written or started."""
+    config is validated before anything is written or started. `log`: each run's `--log`
+    (`protofed.run(log=...)`); "mlflow" puts every run in one store, `out`/mlruns/."""
+    from protofed.tracking import log_kinds
+
+    logs = log_kinds(log)
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1 (got {workers})")
     if time_limit is not None and not time_limit > 0:  # also refuses nan
@@ -596,6 +601,7 @@ def run_sweep(
         on_start=on_start,
         on_done=on_done,
         python=python,
+        log=logs,
     )
     return scheduler.run(runs)
 
@@ -646,6 +652,7 @@ class SweepScheduler:
     on_start: Callable[[str, str], None] | None = None
     on_done: Callable[[RunOutcome], None] | None = None
     python: str = sys.executable
+    log: tuple[str, ...] = ()  # each run's --log (`tracking.log_kinds`)
     result: SweepResult = field(default_factory=SweepResult, init=False)
     queue: list[SweepRun] = field(default_factory=list, init=False)  # not started yet, in order
     running: list[_Child] = field(default_factory=list, init=False)
@@ -726,6 +733,8 @@ class SweepScheduler:
                 cmd.append("--force")
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
+        for kind in self.log:
+            cmd += ["--log", kind]
         cmd.append("-q")
         return cmd
 

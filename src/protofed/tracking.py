@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
@@ -31,7 +33,8 @@ from protofed.errors import ConfigError
 TENSORBOARD = "tensorboard"
 """The run directory's folder of TensorBoard event files."""
 MLRUNS = "mlruns"
-"""The run directory's folder of the default local MLflow store (`--log mlflow`)."""
+"""The folder of the default local MLflow store (`--log mlflow`), beside the run directory:
+one store for every run under the same output root."""
 MLFLOW_RUN = "mlflow_run.json"
 """In the run directory: the MLflow run it logs to (its tracking URI and run id), so a
 resumed run goes on logging into the same MLflow run."""
@@ -316,9 +319,34 @@ def require_mlflow() -> None:
 
 
 def mlflow_uri(run_dir: Path) -> str:
-    """The default local MLflow store of a run: a SQLite file in RUN/mlruns/ (MLflow's own
-    file store is in maintenance mode and refused by default since MLflow 3)."""
-    return f"sqlite:///{(run_dir / MLRUNS / 'mlflow.db').absolute().as_posix()}"
+    """The default local MLflow store of a run: a SQLite file in mlruns/ beside the run
+    directory (ROOT/mlruns/mlflow.db for ROOT/RUN), so the runs under one output root (a
+    sweep's --out, runs/) share one store and one MLflow UI. MLflow's own file store is in
+    maintenance mode and refused by default since MLflow 3, hence SQLite."""
+    return f"sqlite:///{(mlflow_root(run_dir) / 'mlflow.db').as_posix()}"
+
+
+def mlflow_root(run_dir: Path) -> Path:
+    """The folder of the default local MLflow store: mlruns/ beside the run directory."""
+    return run_dir.absolute().parent / MLRUNS
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on folder/.lock (where fcntl exists): the runs of a sweep that
+    share a new store create its tables and its experiment one at a time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
@@ -359,17 +387,19 @@ def summary_scalars(summary: Summary) -> dict[str, float]:
 
 @register_logger("mlflow")
 class MlflowLogger:
-    """`--log mlflow`: an MLflow run in a local store under the run directory
-    (`mlflow_uri`: RUN/mlruns/mlflow.db, artifacts in RUN/mlruns/artifacts);
-    `--log mlflow=URI`: in the tracking server or store at URI (http://host:5000,
-    sqlite:///path, ...). The experiment is $MLFLOW_EXPERIMENT_NAME, else "protofed"; the
-    MLflow run is named after the run directory.
+    """`--log mlflow`: an MLflow run in the local store of the run's output root
+    (`mlflow_uri`: ROOT/mlruns/mlflow.db beside ROOT/RUN, artifacts in ROOT/mlruns/artifacts),
+    shared by every run under ROOT; `--log mlflow=URI`, else $MLFLOW_TRACKING_URI: in the
+    tracking server or store at URI (http://host:5000, sqlite:///path, ...). The experiment
+    is $MLFLOW_EXPERIMENT_NAME, else "protofed"; the MLflow run is named after the run
+    directory.
 
     It gets the config as params (flattened keys: `train.lr`), every round's scalars under
     TensorBoard's tags (`personalization/f1`, step = the round) and, at the end, the summary's
     reported scores (`summary_scalars`). A resumed run logs into the same MLflow run
-    (RUN/mlflow_run.json): MLflow keeps every value logged, so rounds an interrupted session
-    logged after its last checkpoint appear twice at their step."""
+    (RUN/mlflow_run.json; without URI and $MLFLOW_TRACKING_URI, into the store it recorded):
+    MLflow keeps every value logged, so rounds an interrupted session logged after its last
+    checkpoint appear twice at their step."""
 
     name = "mlflow"
 
@@ -384,36 +414,43 @@ class MlflowLogger:
     def start(self, run: RunStart) -> None:
         import logging
 
-        from mlflow.tracking import MlflowClient
-
         for quiet in ("mlflow.store.db.utils", "alembic"):  # the new store's schema notes
             logging.getLogger(quiet).setLevel(logging.WARNING)
-        uri = self.uri or mlflow_uri(run.run_dir)
-        if self.uri is None:
-            (run.run_dir / MLRUNS).mkdir(parents=True, exist_ok=True)
-        self.client = client = MlflowClient(tracking_uri=uri)
         kept = run.run_dir / MLFLOW_RUN
+        before: dict[str, Any] = {}
         if run.first_round > 1 and kept.is_file():
             try:
                 before = json.loads(kept.read_text())
             except (OSError, ValueError):
                 before = {}
-            if before.get("tracking_uri") == uri and isinstance(before.get("run_id"), str):
-                self.run_id = before["run_id"]
-                client.update_run(self.run_id, status="RUNNING")
-                return
-        import os
+            if not isinstance(before, dict):
+                before = {}
+        uri = self.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        recorded = before.get("tracking_uri")
+        if uri is None and isinstance(recorded, str) and recorded:
+            uri = recorded  # a resume goes on in its store (RUN/mlruns/ for older runs)
+        if uri is not None:
+            self._start(run, uri, before, artifacts=None)
+            return
+        root = mlflow_root(run.run_dir)
+        with _locked(root):  # the runs of a sweep start at once: one creates the store
+            self._start(run, mlflow_uri(run.run_dir), before, (root / "artifacts").as_uri())
 
+    def _start(
+        self, run: RunStart, uri: str, before: Mapping[str, Any], artifacts: str | None
+    ) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = client = MlflowClient(tracking_uri=uri)
+        if before.get("tracking_uri") == uri and isinstance(before.get("run_id"), str):
+            self.run_id = before["run_id"]
+            client.update_run(self.run_id, status="RUNNING")
+            return
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "protofed"
         found = client.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            artifacts = (
-                (run.run_dir / MLRUNS / "artifacts").absolute().as_uri()
-                if self.uri is None
-                else None
-            )
             experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
         created = client.create_run(
             experiment_id,
@@ -429,7 +466,8 @@ class MlflowLogger:
         from protofed.core.files import atomic_write_text
 
         atomic_write_text(
-            kept, json.dumps({"tracking_uri": uri, "run_id": self.run_id}, indent=2) + "\n"
+            run.run_dir / MLFLOW_RUN,
+            json.dumps({"tracking_uri": uri, "run_id": self.run_id}, indent=2) + "\n",
         )
 
     def _log(self, values: Mapping[str, float], step: int) -> None:

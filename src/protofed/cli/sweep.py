@@ -42,6 +42,14 @@ def sweep(
     only: Annotated[
         list[str], typer.Option("--only", help="Run only the runs whose names match this glob.")
     ] = [],  # noqa: B006
+    log: Annotated[
+        list[str],
+        typer.Option(
+            "--log",
+            help="Each run also logs to: tensorboard, mlflow (one store, OUT/mlruns/), "
+            "mlflow=URI, wandb[=PROJECT] or a plugin's logger; docs/tracking.md.",
+        ),
+    ] = [],  # noqa: B006
 ) -> None:
     """Run a grid of experiments times seeds, WORKERS at a time; run it again to resume.
 
@@ -57,10 +65,12 @@ def sweep(
         run_state,
         select_runs,
     )
+    from protofed.tracking import log_kinds
 
     try:
         with user_errors():
             spec = load_spec(spec_file).with_overrides(set_)
+            log_kinds(log)  # a bad --log is an error before anything is written
             if dry_run:  # what a real sweep would do, as far as it can be known without data
                 every = spec.expand()
                 check_folder(out, spec, every, force)
@@ -83,7 +93,7 @@ def sweep(
                     highlight=False,
                 )
                 return
-            result = _sweep(spec, out, workers, force, data_dir, time_limit, only)
+            result = _sweep(spec, out, workers, force, data_dir, time_limit, only, log)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; run the same command again to resume {out}")
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
@@ -99,6 +109,7 @@ def _sweep(
     data_dir: Path | None,
     limit: float | None,
     only: list[str],
+    log: list[str],
 ) -> SweepResult:
     """Run the sweep with a line per finished run (and a bar on a terminal), then a table."""
     from protofed.sweep import run_sweep, select_runs
@@ -139,6 +150,7 @@ def _sweep(
             data_dir=data_dir,
             time_limit=limit,
             only=only,
+            log=log,
             on_start=started,
             on_done=done,
         )
