@@ -133,7 +133,7 @@ def report(
         spread = "one run per row" if group_by == "none" else f"mean ± {STD_NOTE}"
         table, wide = _scores_table(table_rows, when, spread, out)
         drawn = _draw(plot, groups, labels, (band, style, title, panels))  # before any file
-        decided, results = _decide(groups, names, compare, cd, metric, out)  # and statistics
+        decided, results = _decide(groups, (names, labels), compare, cd, metric, out)
         md, csv_path = out.with_name(out.name + ".md"), out.with_name(out.name + ".csv")
         for path in (md, csv_path, *decided):  # every place probed first: a blocked one
             check_writable(path)  # writes nothing
@@ -156,7 +156,7 @@ def report(
 
 def _decide(
     groups: list[Any],
-    names: list[str],
+    naming: tuple[list[str], dict[str, str]],
     compare: tuple[str, str] | None,
     cd: bool,
     metric: str,
@@ -165,10 +165,11 @@ def _decide(
     """`--compare` and `--cd`, computed before any file is written: {file: its content} and
     the results to print."""
     from protofed.errors import ConfigError
-    from protofed.report import paired_comparison, rank_table
+    from protofed.report import paired_comparison, rank_table, relabel
 
     if metric != "pers_f1" and compare is None and not cd:
         raise ConfigError("--metric chooses the column of --compare or --cd: add one")
+    names, labels = naming  # the table's labels; the figures' from `labels`
     files: dict[Path, Any] = {}
     results: list[Any] = []
     if compare is not None:
@@ -179,8 +180,9 @@ def _decide(
     if cd:
         table = rank_table(groups, names, metric)
         files[out.with_name(out.name + "-cd.md")] = table.to_markdown()
+        short = relabel(groups, labels) if table.block_kind == "seed" else None
         for suffix in (".png", ".pdf"):
-            files[out.with_name(out.name + "-cd" + suffix)] = table
+            files[out.with_name(out.name + "-cd" + suffix)] = (table, short)
         results.append(table)
     return files, results
 
@@ -198,7 +200,9 @@ def _write_decided(files: dict[Path, Any], results: list[Any], style: str) -> li
         elif path.suffix == ".png":
             from protofed.plots.cd import cd_diagram
 
-            written += save_figure(cd_diagram(content, style=style), path.with_suffix(""))
+            table, short = content
+            fig = cd_diagram(table, style=style, labels=short)
+            written += save_figure(fig, path.with_suffix(""))
     for result in results:
         for line in result.lines():
             console.print(line, highlight=False, soft_wrap=True)

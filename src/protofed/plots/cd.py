@@ -8,6 +8,7 @@ found between them at alpha = 0.05).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,10 +21,17 @@ if TYPE_CHECKING:
     from protofed.report import RankTable
 
 
-def cd_diagram(table: RankTable, style: str = "screen", title: str | None = None) -> Figure:
-    """The CD diagram of `table`: one tick per method at its average rank, its label and
-    rank beside it (the better half at the left, the rest at the right)."""
+def cd_diagram(
+    table: RankTable,
+    style: str = "screen",
+    title: str | None = None,
+    labels: Sequence[str] | None = None,
+) -> Figure:
+    """The CD diagram of `table`: one tick per method at its average rank, its label (from
+    `labels`, one a method, else the method's name) and rank beside it (the better half at
+    the left, the rest at the right)."""
     k = len(table.methods)
+    names = list(labels) if labels is not None else table.methods
     ranks = table.average_ranks
     order = list(np.argsort(ranks, kind="stable"))
     half = (k + 1) // 2
@@ -45,7 +53,7 @@ def cd_diagram(table: RankTable, style: str = "screen", title: str | None = None
             ax.text(
                 x_end + (-0.05 if left else 0.05),
                 y,
-                f"{table.methods[i]} ({ranks[i]:.2f})",
+                f"{names[i]} ({ranks[i]:.2f})",
                 ha="right" if left else "left",
                 va="center",
             )
