@@ -196,3 +196,24 @@ def test_bad_statistics_input_is_one_line_exit_2(runs, tmp_path):
         runner.invoke(app, [*base, str(runs), "--metric", "gen_f1"])
     )
     assert not list(tmp_path.glob("rep*"))  # nothing half-written
+
+
+def test_the_cd_diagram_draws_the_ranks_and_the_cd(runs):
+    import matplotlib.pyplot as plt
+
+    from protofed.plots.cd import cd_diagram
+
+    groups = group_runs(collect([runs], "selected"))
+    table = rank_table(groups, [g.label for g in groups])
+    fig = cd_diagram(table, labels=[g.key["algorithm.name"] for g in groups])
+    ax = fig.axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    for g, rank in zip(groups, table.average_ranks, strict=True):
+        assert f"{g.key['algorithm.name']} ({rank:.2f})" in texts
+    assert f"CD = {table.cd:.3g}" in texts
+    bars = [line.get_xdata() for line in ax.lines]
+    assert any(len(x) == 2 and np.allclose(x, [1, 1 + table.cd]) for x in bars)
+    for lo, hi in table.cliques():  # each joins methods less than the CD apart
+        r = np.sort(table.average_ranks)
+        assert r[hi] - r[lo] < table.cd
+    plt.close(fig)
