@@ -217,3 +217,19 @@ def test_the_cd_diagram_draws_the_ranks_and_the_cd(runs):
         r = np.sort(table.average_ranks)
         assert r[hi] - r[lo] < table.cd
     plt.close(fig)
+
+
+def test_cd_over_data_sets_needs_every_method_on_every_one():
+    from protofed.errors import ConfigError
+
+    def group(algo: str, ds: str) -> Group:
+        return Group("", {}, [{"run": f"{algo}_{ds}", "seed": 0, "dataset": ds, "pers_f1": 1.0}])
+
+    cells = [("a", "x"), ("b", "x"), ("a", "y")]
+    groups = [group(a, ds) for a, ds in cells]
+    names = [f"algorithm.name={a}, data.name={ds}" for a, ds in cells]
+    with pytest.raises(ConfigError, match="'algorithm.name=b' has no runs on data set y"):
+        rank_table(groups, names)
+    mixed = Group("", {}, [*group("a", "x").runs, *group("a", "y").runs])
+    with pytest.raises(ConfigError, match="mixes data sets"):
+        rank_table([mixed, group("b", "x")], ["algorithm.name=a", "algorithm.name=b"])
