@@ -130,7 +130,7 @@ def plan(cfg: PrivacyConfig, population: int, per_round: int, rounds: int) -> Pl
 
 SURVIVABLE = 10.0
 """The noise-to-clip ratio above which a run is warned before round 1 (`noise_to_clip`):
-FedAvg on UCI-HAR diverged at every ratio measured from 90 up and trained at 1.5
+FedAvg on UCI-HAR diverged at every ratio measured from 90 up and trained at 1.7
 (docs/privacy.md, "A private example that trains")."""
 
 
@@ -428,7 +428,7 @@ def private(algorithm: Algorithm, cfg: PrivacyConfig, per_round: int, rounds: in
         log.warning(
             "privacy: the noise on the mean update is %.0f times its clip norm (sigma %.3g, "
             "%d weights, %d clients a round); FedAvg-style training diverged at such "
-            "ratios on UCI-HAR and trained at 1.5: more clients a round, a larger epsilon "
+            "ratios on UCI-HAR and trained at 1.7: more clients a round, a larger epsilon "
             "or fewer rounds (docs/privacy.md)",
             ratio,
             dp.sigma_update,
