@@ -16,16 +16,50 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
-	touch $(STAMP)
+	touch $(STAMP) $(DOCS_STAMP)
+
+# `make docs` needs only protofed and the docs extra, not everything `install` puts in. It used
+# to depend on `install`, whose stamp is older than pyproject.toml and constraints.txt whenever
+# git rewrites them (a checkout, pull or rebase that changes them sets their mtime to now) and
+# missing in a venv made by hand (`pip install -e '.[docs]'`): either way `make docs` reran the
+# whole '.[all]' install, minutes of it. Its own stamp is remade on the same triggers, but the
+# recipe first asks the venv whether protofed and every requirement of pyproject.toml's docs
+# extra are installed at a version the extra allows (DOCS_CHECK, a second); only if not does it
+# install, and then just '.[docs]'. `make install` (so `make test`) still installs everything.
+DOCS_STAMP := $(VENV)/.installed-docs
+define DOCS_CHECK
+import sys
+from importlib.metadata import version
+from pip._vendor.packaging.requirements import Requirement
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+import protofed
+with open("pyproject.toml", "rb") as f:
+    docs = tomllib.load(f)["project"]["optional-dependencies"]["docs"]
+for req in map(Requirement, docs):
+    if not req.specifier.contains(version(req.name), prereleases=True):
+        sys.exit(f"{req.name} {version(req.name)} is not {req}")
+endef
+export DOCS_CHECK
+
+$(DOCS_STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "$$DOCS_CHECK" 2>/dev/null \
+	  || $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 run: install
 	$(BIN)/protofed run configs/quickstart.yaml --out runs/quickstart --force
 
-test: lint docs
+# docs after lint, even under -j: lint's full install makes the docs stamp's check pass
+test: lint
+	$(MAKE) docs
 	$(BIN)/python -m pytest -q
 
 # the documentation site, offline, into site/; --strict: a broken link or API object fails
-docs: install
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: install
