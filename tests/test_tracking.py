@@ -153,8 +153,8 @@ def test_the_progress_bar_shows_eta_loss_and_score_when_forced_on(tmp_path, monk
 
 def test_log_values_and_a_missing_tensorboard_are_one_line_errors(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["run", "--out", str(out), "--log", "wandb", *_sets(DIGITS)])
-    assert result.exit_code == 2 and "unknown --log 'wandb'" in result.stderr
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "neptune", *_sets(DIGITS)])
+    assert result.exit_code == 2 and "unknown --log 'neptune'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if the extra were not installed
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
@@ -273,7 +273,7 @@ def _mlflow_history(out: Path) -> tuple[object, str, dict[str, list[tuple[int, f
 @pytest.fixture(autouse=True)
 def _no_tracking_server(monkeypatch):
     """The default local stores, whatever the environment running the tests says."""
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -386,11 +386,130 @@ def test_a_sweep_passes_log_to_each_run():
     from protofed.config import ExperimentConfig
     from protofed.sweep import RunState, SweepRun, SweepScheduler
 
-    scheduler = SweepScheduler(
-        Path("S"), {"r": RunState("start")}, 1, log=("mlflow", "tensorboard")
-    )
+    scheduler = SweepScheduler(Path("S"), {"r": RunState("start")}, 1, log=("mlflow", "wandb=proj"))
     cmd = scheduler.command(SweepRun("r", ExperimentConfig(), {}))
-    assert cmd[-5:] == ["--log", "mlflow", "--log", "tensorboard", "-q"]
+    assert cmd[-5:] == ["--log", "mlflow", "--log", "wandb=proj", "-q"]
+
+
+def _wandb_records(path: Path) -> list:
+    """The records of an offline W&B run's `.wandb` file: LevelDB's log format (32 KiB
+    blocks, each record a 7-byte header: crc32, length, type) after W&B's 7-byte header."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, parts, records = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        parts += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records
+
+
+def test_log_wandb_writes_an_offline_run_of_the_rounds_and_the_summary(tmp_path):
+    """`--log wandb` with no API key: an offline W&B run whose history holds each round's
+    scalars under TensorBoard's tags, equal to metrics.jsonl, its config and summary."""
+    pytest.importorskip("wandb")
+    out, folder = tmp_path / "run", tmp_path / "wandb_dir"
+    folder.mkdir()
+    env = {k: v for k, v in ENV.items() if not k.startswith("WANDB_")}
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_DIR=str(folder),
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb_cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wandb_data"),
+        WANDB_ERROR_REPORTING="false",
+        WANDB_SILENT="true",
+        NETRC=str(tmp_path / "no.netrc"),
+    )
+    args = [str(BIN / "protofed"), "run", "--out", str(out), "--log", "wandb", *_sets(DIGITS)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    kept = json.loads((out / "wandb_run.json").read_text())
+    assert kept["project"] == "protofed" and kept["mode"] == "offline"
+    (run_file,) = folder.glob(f"wandb/offline-run-*-{kept['run_id']}/run-{kept['run_id']}.wandb")
+    history: dict[int, dict[str, float]] = {}
+    summary: dict[str, object] = {}
+    config: dict[str, object] = {}
+    exits = []
+    for record in _wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            row = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
+            history[row.pop("_step")] = row
+        elif kind == "summary":
+            summary.update(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in record.summary.update
+                }
+            )
+        elif kind == "run":
+            assert record.run.display_name == "run" and record.run.project == "protofed"
+            config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+        elif kind == "exit":
+            exits.append(record.exit.exit_code)
+    assert exits == [0]
+    assert config["data"]["name"] == "digits" and config["model"]["hidden"] == [16]
+    records = {
+        r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    }
+    server = {f"server/{k}" for k in records[4]["server"]}
+    assert sorted(history) == [1, 2, 3, 4]
+    for step, row in history.items():
+        tags = {k for k in row if not k.startswith("_")}
+        expected = EVERY_ROUND | server | (EVALUATED if step in records else set())
+        assert tags == expected, step
+        for tag in tags - {"time/round_s"}:
+            if step in records:
+                assert row[tag] == pytest.approx(_metric(records[step], tag), rel=1e-12), tag
+    reported = json.loads((out / "summary.json").read_text())
+    for when in ("final", "selected"):
+        for key in ("acc", "f1", "f1_std"):
+            got = summary[f"{when}/personalization/{key}"]
+            assert got == pytest.approx(reported[when]["personalization"][key])
+    assert not (out / "wandb").exists()  # WANDB_DIR holds it
+
+
+def test_a_missing_wandb_is_a_one_line_error(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if the extra were not installed
+    result = runner.invoke(app, ["run", "--out", str(out), "--log", "wandb"])
+    text = result.stderr.strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "pip install 'protofed[wandb]'" in text and not out.exists()
+
+
+def test_wandb_runs_offline_unless_a_key_or_a_mode_says_otherwise(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from protofed.tracking import wandb_mode
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
 
 
 def test_a_missing_mlflow_and_a_bad_log_value_are_one_line_errors(tmp_path, monkeypatch):

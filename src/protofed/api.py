@@ -453,8 +453,9 @@ def run(
     `runs/<algorithm>-<dataset>-<time>`); an existing non-empty one is an error unless
     `overwrite`. `engine`: "builtin" or "flower" (Flower's simulation engine). `log`:
     "tensorboard" also writes TensorBoard scalars to `out`/tensorboard/, "mlflow" an MLflow run
-    to a store in `out`/mlruns/, "mlflow=URI" to the tracking server at URI (several: a list;
-    plugins add more: docs/tracking.md);
+    to the store mlruns/ beside `out` (shared by the runs under the same folder), "mlflow=URI"
+    to the tracking server at URI, "wandb" a Weights & Biases run (offline unless an API key
+    is configured) (several: a list; plugins add more: docs/tracking.md);
     `lines`: a stream (e.g. a log file's) that gets one plain line per evaluated round.
     `on_start(started)`: called once the run is built, before its first round.
     `on_round(round, info, record)`: called after every round (`record`: the evaluated

@@ -5,8 +5,9 @@ The loop calls `on_round(round, info, record)` after every round (`runtime.loop.
 to metrics.jsonl (None for a round that was not evaluated). `Tracking` consumes them:
 
 - the loggers named by `--log` (`protofed.run(log=...)`): TensorBoard scalars in
-  RUN/tensorboard/ (`tensorboard`), an MLflow run (`mlflow`, `mlflow=URI`), and any a plugin
-  registers (`Logger`, `register_logger`, entry point group `protofed.loggers`);
+  RUN/tensorboard/ (`tensorboard`), an MLflow run (`mlflow`, `mlflow=URI`), a Weights &
+  Biases run (`wandb`, `wandb=PROJECT`), and any a plugin registers (`Logger`,
+  `register_logger`, entry point group `protofed.loggers`);
 - one plain line per evaluated round for a log file (`round 10/100  loss 0.4123  pers F1
   81.23%  ...  ETA 4m48s`), where stderr is not a terminal and no progress bar is drawn;
 - the progress bar's status (the latest train loss and personalization F1).
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -493,6 +495,122 @@ class MlflowLogger:
             status = "KILLED"  # interrupted: a resume goes on in the same MLflow run
         self.client.set_terminated(self.run_id, status=status)
         self.client = None
+
+
+WANDB_RUN = "wandb_run.json"
+"""In the run directory: the Weights & Biases run it logs to (project, id, mode), so a
+resumed run goes on logging into the same W&B run."""
+
+
+def require_wandb() -> None:
+    """A one-line error naming the extra to install when wandb cannot be imported."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"--log wandb needs the wandb package: pip install 'protofed[wandb]' ({reason})"
+        ) from None
+
+
+def wandb_mode() -> str:
+    """$WANDB_MODE when set; else "online" where an API key is configured ($WANDB_API_KEY,
+    or `wandb login`'s entry in ~/.netrc for $WANDB_BASE_URL), else "offline": a machine
+    that was never logged in writes an offline run and reaches no network."""
+    mode = os.environ.get("WANDB_MODE", "").strip()
+    if mode:
+        return mode
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return "online"
+    try:
+        from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
+
+        host = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+        return "online" if read_netrc_auth(host=host) else "offline"
+    except Exception:  # another wandb version, an unreadable .netrc: stay offline
+        return "offline"
+
+
+@register_logger("wandb")
+class WandbLogger:
+    """`--log wandb`: a Weights & Biases run in project $WANDB_PROJECT, else "protofed";
+    `--log wandb=PROJECT`: in PROJECT. Offline (`wandb_mode`) unless $WANDB_MODE says
+    otherwise or an API key is configured; its files go to RUN/wandb/ ($WANDB_DIR/wandb/
+    where that is set). The W&B run is named after the run directory.
+
+    It gets the config (nested, as config.yaml), every round's scalars under TensorBoard's
+    tags (step = the round) and, at the end, the summary's reported scores in the run's
+    summary (`summary_scalars`: `final/personalization/f1`, ...). No console capture, no
+    system metrics, no git or code snapshot. A resumed run logs into the same W&B run id
+    (RUN/wandb_run.json, resume="allow")."""
+
+    name = "wandb"
+
+    def __init__(self, value: str | None = None) -> None:
+        if value is not None and not value:
+            raise ConfigError("--log wandb=PROJECT: the project is empty")
+        require_wandb()
+        self.project = value
+        self.run: Any = None
+
+    def start(self, run: RunStart) -> None:
+        import wandb
+
+        kept = run.run_dir / WANDB_RUN
+        project = self.project or os.environ.get("WANDB_PROJECT") or "protofed"
+        run_id: str | None = None
+        if run.first_round > 1 and kept.is_file():
+            try:
+                before = json.loads(kept.read_text())
+            except (OSError, ValueError):
+                before = {}
+            if isinstance(before, dict) and before.get("project") == project:
+                found = before.get("run_id")
+                run_id = found if isinstance(found, str) and found else None
+        if run_id is None:
+            alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"  # as wandb's own ids
+            run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+        wanted = {
+            "console": "off",  # the progress bar and log lines stay protofed's
+            "silent": True,
+            "disable_git": True,
+            "save_code": False,
+            "x_disable_stats": True,  # no system metrics sampled
+            "x_disable_meta": True,
+            "x_disable_machine_info": True,
+            "x_save_requirements": False,
+        }
+        known = getattr(wandb.Settings, "model_fields", None)
+        settings = wandb.Settings(**{k: v for k, v in wanted.items() if not known or k in known})
+        mode: Any = wandb_mode()  # a str: wandb's Literal accepts what WANDB_MODE may say
+        folder = os.environ.get("WANDB_DIR") or str(run.run_dir)
+        self.run = wandb.init(
+            project=project,
+            dir=folder,
+            mode=mode,
+            name=run.run_dir.name,
+            id=run_id,
+            resume="allow",
+            config=run.config,
+            settings=settings,
+        )
+        from protofed.core.files import atomic_write_text
+
+        record = {"project": project, "run_id": run_id, "mode": mode}
+        atomic_write_text(kept, json.dumps(record, indent=2) + "\n")
+
+    def log_round(self, scalars: Mapping[str, float], step: int) -> None:
+        if self.run is not None:
+            self.run.log(dict(scalars), step=step)
+
+    def close(self, summary: Summary | None) -> None:
+        if self.run is None:
+            return
+        run, self.run = self.run, None
+        if summary is not None:
+            run.summary.update(summary_scalars(summary))
+        complete = summary is not None and summary.status == "complete"
+        run.finish(exit_code=0 if complete else 1)
 
 
 class Tracking:

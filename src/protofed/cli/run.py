@@ -162,8 +162,9 @@ def run(
         list[str],
         typer.Option(
             "--log",
-            help="Also log to: tensorboard (RUN/tensorboard/), mlflow (a store in RUN/mlruns/), "
-            "mlflow=URI (a tracking server), or a plugin's logger; docs/tracking.md.",
+            help="Also log to: tensorboard (RUN/tensorboard/), mlflow (a store in mlruns/ "
+            "beside RUN), mlflow=URI (a tracking server), wandb[=PROJECT] (Weights & Biases), "
+            "or a plugin's logger; docs/tracking.md.",
         ),
     ] = [],  # noqa: B006
 ) -> None:
