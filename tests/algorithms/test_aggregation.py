@@ -78,6 +78,43 @@ def test_weighted_mean_of_large_tensors_is_the_whole_float64_sum_bit_for_bit() -
     assert torch.equal(averaged[MODEL]["w"], expected)
 
 
+def test_weighted_mean_of_some_records_streams_and_keeps_the_others() -> None:
+    replies = [
+        Reply(
+            i,
+            {"w": {"x": torch.tensor([float(i)])}, "p": {"x": torch.tensor([10.0 + i])}},
+            {},
+            1.0 + i,
+        )
+        for i in range(3)
+    ]
+    consumed: list[int] = []
+
+    def stream():
+        for r in replies:
+            consumed.append(r.client)  # lazy: the mean reads one reply at a time
+            yield r
+
+    mean, seen = weighted_mean(stream(), records=["w"])
+    assert consumed == [0, 1, 2] and set(mean) == {"w"}
+    assert float(mean["w"]["x"]) == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
+    assert [r.client for r in seen] == [0, 1, 2] and all(set(r.records) == {"p"} for r in seen)
+    assert [float(r.records["p"]["x"]) for r in seen] == [10.0, 11.0, 12.0]
+    assert [r.num_examples for r in seen] == [1.0, 2.0, 3.0]
+    assert set(replies[0].records) == {"w", "p"}  # the replies themselves are not changed
+
+
+def test_weighted_mean_never_writes_into_a_reply():
+    """The running sum is float64: a float64 reply must be copied, not scaled in place."""
+    for dtype in (torch.float32, torch.float64):
+        first, second = torch.ones(3, dtype=dtype), torch.zeros(3, dtype=dtype)
+        mean, _ = weighted_mean(
+            [Reply(0, {"r": {"w": first}}, {}, 3.0), Reply(1, {"r": {"w": second}}, {}, 1.0)]
+        )
+        assert torch.equal(mean["r"]["w"], torch.full((3,), 0.75))
+        assert torch.equal(first, torch.ones(3, dtype=dtype))
+
+
 # the rules on small tensors ---------------------------------------------------------------
 @pytest.mark.parametrize("n", [5, 6])
 def test_coordinate_median_is_numpys(n: int) -> None:

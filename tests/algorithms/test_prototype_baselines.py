@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from protofed.algorithms import ALGORITHMS, MODEL, Algorithm, Arrays, Reply, Setting
 from protofed.algorithms import parse_params as parse_algorithm_params
-from protofed.algorithms.common.aggregation import weighted_mean
 from protofed.algorithms.common.split import body_names, head_names, split_arrays
 from protofed.algorithms.fedclar import (
     ASSIGN,
@@ -152,32 +151,6 @@ def test_embed_is_the_eval_mode_body_and_restores_the_mode() -> None:
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(z, model.features(x))
-
-
-def test_weighted_mean_of_some_records_streams_and_keeps_the_others() -> None:
-    replies = [
-        Reply(
-            i,
-            {"w": {"x": torch.tensor([float(i)])}, "p": {"x": torch.tensor([10.0 + i])}},
-            {},
-            1.0 + i,
-        )
-        for i in range(3)
-    ]
-    consumed: list[int] = []
-
-    def stream():
-        for r in replies:
-            consumed.append(r.client)  # lazy: the mean reads one reply at a time
-            yield r
-
-    mean, seen = weighted_mean(stream(), records=["w"])
-    assert consumed == [0, 1, 2] and set(mean) == {"w"}
-    assert float(mean["w"]["x"]) == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
-    assert [r.client for r in seen] == [0, 1, 2] and all(set(r.records) == {"p"} for r in seen)
-    assert [float(r.records["p"]["x"]) for r in seen] == [10.0, 11.0, 12.0]
-    assert [r.num_examples for r in seen] == [1.0, 2.0, 3.0]
-    assert set(replies[0].records) == {"w", "p"}  # the replies themselves are not changed
 
 
 # FedPAC -----------------------------------------------------------------------------------------

@@ -476,17 +476,3 @@ def test_frozen_batchnorm_keeps_its_statistics():
     assert all(torch.equal(v, after[k]) for k, v in before.items())
     train_epochs(model, x, y, TrainConfig(batch_size=8), torch.Generator().manual_seed(0))
     assert not all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-
-
-def test_weighted_mean_never_writes_into_a_reply():
-    """The running sum is float64: a float64 reply must be copied, not scaled in place."""
-    from protofed.algorithms.base import Reply
-    from protofed.algorithms.common.aggregation import weighted_mean
-
-    for dtype in (torch.float32, torch.float64):
-        first, second = torch.ones(3, dtype=dtype), torch.zeros(3, dtype=dtype)
-        mean, _ = weighted_mean(
-            [Reply(0, {"r": {"w": first}}, {}, 3.0), Reply(1, {"r": {"w": second}}, {}, 1.0)]
-        )
-        assert torch.equal(mean["r"]["w"], torch.full((3,), 0.75))
-        assert torch.equal(first, torch.ones(3, dtype=dtype))
