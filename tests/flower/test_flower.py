@@ -975,3 +975,17 @@ def test_the_gate_refuses_a_superlink_off_loopback_in_one_line(tmp_path) -> None
     text = (result.stderr or result.output).strip()
     assert result.exit_code == 2 and len(text.splitlines()) == 1, (result.exit_code, text)
     assert "loopback" in text and "Traceback" not in text
+
+
+def test_two_nodes_claiming_one_client_are_both_left_out_in_one_line(caplog) -> None:
+    """A duplicate (or foreign) node claiming a partition another node holds: the server
+    cannot tell which is right, so both are left out, one warning names them, and the
+    clients claimed once stay (the run goes on if enough remain: deploy's min_replies)."""
+    from protofed.flower.transport import unique_claims
+
+    claims = {0: [(11, {"client": 0})], 1: [(12, {"client": 1}), (13, {"client": 1})]}
+    with caplog.at_level("WARNING", logger="protofed"):
+        node_of, infos = unique_claims(claims)
+    assert node_of == {0: 11} and list(infos) == [0]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["client 1 is claimed by nodes 12, 13: all left out"]

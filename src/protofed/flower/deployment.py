@@ -178,10 +178,22 @@ def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tupl
     if not headers:
         raise RuntimeError("no node holds a partition file (node-config partition=...)")
     fp = wire.data_fingerprint(cfg)
-    fed_header = next(iter(headers.values()))["federation"]
+    ours = [info["federation"] for info in headers.values() if info["fingerprint"] == fp]
+    if not ours:
+        raise ConfigError(
+            "no node holds a partition of this experiment (every one comes from another "
+            "data config or seed)"
+        )
+    fed_header = ours[0]
     for cid, info in sorted(headers.items()):
         if info["fingerprint"] != fp or info["federation"] != fed_header:
-            raise RuntimeError(f"client {cid}'s partition comes from another experiment")
+            log.warning("client %d is left out: its partition comes from another experiment", cid)
+            del headers[cid], node_of[cid]
+    if len(headers) < cfg.flower.min_replies:
+        raise ConfigError(
+            f"flower.min_replies: {len(headers)} node(s) hold a partition of this experiment "
+            f"after leaving out duplicate and foreign ones, {cfg.flower.min_replies} needed"
+        )
     present = sorted(headers)
     device = resolve_device(cfg.train.device)
     shape = tuple(fed_header["input_shape"])

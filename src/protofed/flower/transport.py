@@ -77,7 +77,8 @@ def discover(
 
     Returns client id -> node id, and client id -> the node's answer (its partition header
     in deployment). A node that fails to answer (say, a partition of another experiment) is
-    left out with a logged reason; two nodes claiming one client are an error.
+    left out with a logged reason, and so are two nodes claiming one client
+    (`unique_claims`).
     """
     deadline = time.monotonic() + wait_s
     nodes = list(grid.get_node_ids())
@@ -94,18 +95,31 @@ def discover(
     messages = [
         Message(RecordDict({wire.TASK: task}), node, wire.QUERY, group_id="query") for node in nodes
     ]
-    node_of: dict[int, int] = {}
-    infos: dict[int, dict] = {}
+    claims: dict[int, list[tuple[int, dict]]] = {}
     for reply in exchange(grid, messages, timeout_s):
         node = reply.metadata.src_node_id
         if reply.has_error():
             log.warning("node %s is left out: %s", node, reply.error.reason)
             continue
         info = json.loads(str(reply.content.config_records[wire.INFO]["json"]))
-        cid = int(info["client"])
-        if cid in node_of:
-            raise RuntimeError(f"two nodes ({node_of[cid]}, {node}) hold client {cid}")
-        node_of[cid], infos[cid] = node, info
+        claims.setdefault(int(info["client"]), []).append((node, info))
+    return unique_claims(claims)
+
+
+def unique_claims(
+    claims: dict[int, list[tuple[int, dict]]],
+) -> tuple[dict[int, int], dict[int, dict]]:
+    """(client -> node, client -> header) of the clients exactly one node claims. Two nodes
+    claiming one client cannot both be right and the server cannot tell which is: both are
+    left out, with one line naming them (a duplicate or foreign node must not stop a run)."""
+    node_of: dict[int, int] = {}
+    infos: dict[int, dict] = {}
+    for cid, holders in sorted(claims.items()):
+        if len(holders) > 1:
+            nodes = ", ".join(str(node) for node, _ in holders)
+            log.warning("client %d is claimed by nodes %s: all left out", cid, nodes)
+            continue
+        node_of[cid], infos[cid] = holders[0]
     return node_of, infos
 
 
