@@ -381,14 +381,37 @@ def test_runs_under_one_root_share_one_mlflow_store(tmp_path, monkeypatch):
     assert [r.info.run_name for r in found] == ["c"]
 
 
-def test_a_sweep_passes_log_to_each_run():
-    """`protofed sweep --log mlflow`: every child logs, and so shares OUT/mlruns/."""
-    from protofed.config import ExperimentConfig
-    from protofed.sweep import RunState, SweepRun, SweepScheduler
+def test_a_sweep_logs_every_run_into_one_mlflow_store(tmp_path):
+    """`protofed sweep --log mlflow`, two runs at a time in nested folders: one store in the
+    sweep's --out, one MLflow run per run, each FINISHED."""
+    pytest.importorskip("mlflow")
+    import yaml
+    from mlflow.tracking import MlflowClient
 
-    scheduler = SweepScheduler(Path("S"), {"r": RunState("start")}, 1, log=("mlflow", "wandb=proj"))
-    cmd = scheduler.command(SweepRun("r", ExperimentConfig(), {}))
-    assert cmd[-5:] == ["--log", "mlflow", "--log", "wandb=proj", "-q"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "base": TINY,
+                "grid": {"algorithm.name": ["fedavg", "local"]},
+                "folder": "{algorithm.name}/s{seed}",
+            }
+        )
+    )
+    out = tmp_path / "sweep"
+    args = [str(BIN / "protofed"), "sweep", str(spec), "--out", str(out), "-j", "2"]
+    done = subprocess.run(
+        [*args, "--log", "mlflow"], env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.parent.name for p in out.rglob("mlflow.db")) == ["mlruns"]
+    client = MlflowClient(f"sqlite:///{(out / 'mlruns' / 'mlflow.db').as_posix()}")
+    runs = client.search_runs([client.get_experiment_by_name("protofed").experiment_id])
+    assert sorted(r.data.tags["protofed.run_dir"] for r in runs) == [
+        str(out / "fedavg" / "s0"),
+        str(out / "local" / "s0"),
+    ]
+    assert {r.info.status for r in runs} == {"FINISHED"}
 
 
 def _wandb_records(path: Path) -> list:

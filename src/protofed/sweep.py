@@ -582,10 +582,11 @@ def run_sweep(
     stopped the same way (status "stopped"; the next invocation resumes it). `only`: glob
     patterns of run names to run now (the folder still belongs to the whole spec). Every
     config is validated before anything is written or started. `log`: each run's `--log`
-    (`protofed.run(log=...)`); "mlflow" puts every run in one store, `out`/mlruns/."""
-    from protofed.tracking import log_kinds
+    (`protofed.run(log=...)`); "mlflow" puts every run in one store, `out`/mlruns/
+    (`tracking.sweep_logs`)."""
+    from protofed.tracking import log_kinds, sweep_logs
 
-    logs = log_kinds(log)
+    logs = sweep_logs(log_kinds(log), Path(out))
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1 (got {workers})")
     if time_limit is not None and not time_limit > 0:  # also refuses nan

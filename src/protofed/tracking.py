@@ -320,17 +320,35 @@ def require_mlflow() -> None:
         ) from None
 
 
+def mlflow_store(root: Path) -> str:
+    """The local MLflow store of the runs under `root`: a SQLite file, root/mlruns/mlflow.db
+    (MLflow's own file store is in maintenance mode and refused by default since MLflow 3)."""
+    return f"sqlite:///{(root.absolute() / MLRUNS / 'mlflow.db').as_posix()}"
+
+
 def mlflow_uri(run_dir: Path) -> str:
-    """The default local MLflow store of a run: a SQLite file in mlruns/ beside the run
-    directory (ROOT/mlruns/mlflow.db for ROOT/RUN), so the runs under one output root (a
-    sweep's --out, runs/) share one store and one MLflow UI. MLflow's own file store is in
-    maintenance mode and refused by default since MLflow 3, hence SQLite."""
-    return f"sqlite:///{(mlflow_root(run_dir) / 'mlflow.db').as_posix()}"
+    """The default local MLflow store of a run: `mlflow_store` of the folder that holds the
+    run directory (ROOT/mlruns/mlflow.db for ROOT/RUN), so the runs under one output root
+    share one store and one MLflow UI. A sweep names its --out's store instead
+    (`sweep_logs`), so nested run folders share it too."""
+    return mlflow_store(run_dir.absolute().parent)
 
 
-def mlflow_root(run_dir: Path) -> Path:
-    """The folder of the default local MLflow store: mlruns/ beside the run directory."""
-    return run_dir.absolute().parent / MLRUNS
+def sweep_logs(kinds: Sequence[str], out: Path) -> tuple[str, ...]:
+    """A sweep's `--log` destinations as its runs get them: plain `mlflow` becomes
+    `mlflow=` the sweep's own store, `out`/mlruns/ (unless $MLFLOW_TRACKING_URI names one),
+    so every run of the sweep, however deep its folder, logs into one store."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return tuple(kinds)
+    return tuple(f"mlflow={mlflow_store(out)}" if k == "mlflow" else k for k in kinds)
+
+
+def _sqlite_folder(uri: str) -> Path | None:
+    """The folder of a local SQLite store's file (sqlite:///path/mlflow.db), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path).parent if path and path != ":memory:" else None
 
 
 @contextmanager
@@ -391,7 +409,7 @@ def summary_scalars(summary: Summary) -> dict[str, float]:
 class MlflowLogger:
     """`--log mlflow`: an MLflow run in the local store of the run's output root
     (`mlflow_uri`: ROOT/mlruns/mlflow.db beside ROOT/RUN, artifacts in ROOT/mlruns/artifacts),
-    shared by every run under ROOT; `--log mlflow=URI`, else $MLFLOW_TRACKING_URI: in the
+    shared by every run under ROOT (a sweep's runs: its --out's store, `sweep_logs`); `--log mlflow=URI`, else $MLFLOW_TRACKING_URI: in the
     tracking server or store at URI (http://host:5000, sqlite:///path, ...). The experiment
     is $MLFLOW_EXPERIMENT_NAME, else "protofed"; the MLflow run is named after the run
     directory.
@@ -431,12 +449,14 @@ class MlflowLogger:
         recorded = before.get("tracking_uri")
         if uri is None and isinstance(recorded, str) and recorded:
             uri = recorded  # a resume goes on in its store (RUN/mlruns/ for older runs)
-        if uri is not None:
+        if uri is None:
+            uri = mlflow_uri(run.run_dir)
+        folder = _sqlite_folder(uri)
+        if folder is None:
             self._start(run, uri, before, artifacts=None)
             return
-        root = mlflow_root(run.run_dir)
-        with _locked(root):  # the runs of a sweep start at once: one creates the store
-            self._start(run, mlflow_uri(run.run_dir), before, (root / "artifacts").as_uri())
+        with _locked(folder):  # the runs of a sweep start at once: one creates the store
+            self._start(run, uri, before, (folder.absolute() / "artifacts").as_uri())
 
     def _start(
         self, run: RunStart, uri: str, before: Mapping[str, Any], artifacts: str | None
