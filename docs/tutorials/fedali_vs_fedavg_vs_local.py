@@ -31,10 +31,16 @@ from pathlib import Path
 import numpy as np
 
 import protofed
-from protofed.config import DataConfig
-from protofed.data import data_root
-from protofed.plots.curves import pers_vs_gen, write_figures
-from protofed.report import collect, group_runs, summarize, to_csv, to_markdown
+from protofed.analysis import (
+    collect,
+    group_runs,
+    pers_vs_gen,
+    summarize,
+    to_csv,
+    to_markdown,
+    write_figures,
+)
+from protofed.extend import DataConfig, data_root
 
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "fedali_vs_fedavg_vs_local"
@@ -104,7 +110,7 @@ for folder, (algorithm, alp) in METHODS.items():
 # %% [markdown]
 # ## The table
 #
-# `protofed.report` reads the run directories back: one row per group of runs (here one run
+# `protofed.analysis` reads the run directories back: one row per group of runs (here one run
 # each: no seeds to average), scores in percent. The same as `protofed report
 # OUT/runs --out OUT/report`.
 

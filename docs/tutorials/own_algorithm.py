@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import Field
 
 import protofed
-from protofed.algorithms.base import MODEL, AggregateResult, Algorithm, FitResult, Hyperparams
+from protofed.extend import MODEL, AggregateResult, Algorithm, FitResult, Hyperparams
 
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "own_algorithm"

@@ -19,8 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 import protofed
-from protofed.config import DataConfig
-from protofed.data import data_root
+from protofed.extend import DataConfig, data_root
 
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "own_csv"
