@@ -1,5 +1,5 @@
 """The command line: `protofed run`, `pretrain`, `list`, `info`, `report`, `sweep`, `partition`,
-`embed`, `data`, `flower`; one module per group of commands, registered here on the one
+`embed`, `tune`, `data`, `flower`; one module per group of commands, registered here on the one
 Typer app in the order `protofed --help` lists them.
 
 User errors print one line on stderr and exit with code 2; nothing is written before the
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from protofed.cli import catalog, data, figures, flower, report, run, sweep
+from protofed.cli import catalog, data, figures, flower, report, run, sweep, tune
 from protofed.cli.common import app, console
 from protofed.core.process import claim_for_cli
 
@@ -43,6 +43,7 @@ app.command("list")(catalog.list_)
 app.command()(catalog.info)
 app.command()(report.report)
 app.command()(sweep.sweep)
+app.command()(tune.tune)
 app.command()(figures.partition)
 app.command()(figures.embed)
 app.add_typer(data.data_app, name="data")
