@@ -4,6 +4,9 @@ The public API: `run`, `resume`, `pretrain`, `load_run`, `Run`, `resolve_config`
 (protofed.api); the typed results (`Summary`, `RoundRecord`, `RoundInfo`, `Scores`, ...:
 protofed.core.results); `ConfigError` (what every bad config, file or argument raises); and
 the decorators that add your own algorithm, model or data set to the registries.
+What an extension needs (the `Algorithm` base class, `Client`, records, shared mechanics) is
+in `protofed.extend`; reports and figures as functions in `protofed.analysis`
+(docs/python-api.md lists every public name).
 """
 
 from __future__ import annotations
