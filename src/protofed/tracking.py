@@ -238,6 +238,13 @@ class RoundClock:
         return (total - server_round) * self.per_round
 
 
+def epsilon_text(epsilon: float, server: Mapping[str, Any]) -> str:
+    """The privacy spent, as a progress line shows it: marked where the noise was seeded
+    (privacy.noise=seeded; the round's `noise_seeded` metric), which is no guarantee."""
+    seeded = " (seeded noise: not a guarantee)" if server.get("noise_seeded") else ""
+    return f"ε {epsilon:.3g}{seeded}"
+
+
 def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundClock) -> str:
     """One evaluated round as one line of text, for `tail -f` on a log file."""
     parts = [f"round {server_round}/{total}"]
@@ -248,7 +255,7 @@ def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundC
         if part is not None:
             parts.append(f"{label} F1 {_pct(part.f1)}")
     if record.epsilon is not None:
-        parts.append(f"ε {record.epsilon:.3g}")
+        parts.append(epsilon_text(record.epsilon, record.server))
     per = clock.per_round
     parts.append(f"{per:.1f} s/round" if per >= 1 else f"{per:.2f} s/round")
     parts.append(f"ETA {duration(clock.eta_s(server_round, total))}")
@@ -657,6 +664,7 @@ class Tracking:
         self.loss: float | None = None
         self.pers_f1: float | None = None
         self.epsilon: float | None = None  # privacy spent so far (privacy.enabled)
+        self.seeded = False  # privacy.noise=seeded: the epsilon is no guarantee
         self.summary: Summary | None = None
         self.loggers = build_loggers(log)
         start = RunStart(Path(run_dir).absolute(), total, done + 1, dict(config or {}))
@@ -682,6 +690,7 @@ class Tracking:
         round_s = self.clock.tick()
         self.loss = _number(info.train_loss)
         self.epsilon = _number(info.server.get("epsilon"))
+        self.seeded = bool(info.server.get("noise_seeded"))
         if record is not None:
             self.pers_f1 = _number(record.personalization.f1)
         if self.loggers:
@@ -699,7 +708,8 @@ class Tracking:
     def status(self) -> str:
         """The latest train loss and personalization F1, for a progress bar."""
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
-        spent = "" if self.epsilon is None else f"  ε {self.epsilon:.3g}"
+        seeded = {"noise_seeded": 1.0} if self.seeded else {}
+        spent = "" if self.epsilon is None else f"  {epsilon_text(self.epsilon, seeded)}"
         return f"loss {loss}  pers F1 {_pct(self.pers_f1)}{spent}"
 
     def finish(self, summary: Summary | None) -> None:

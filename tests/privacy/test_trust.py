@@ -307,3 +307,16 @@ def test_noise_far_above_the_clip_is_warned_before_round_1(sigma, warned, caplog
     assert bool(said) == warned
     if warned:
         assert "more clients a round" in said[0]
+
+
+def test_the_progress_line_marks_seeded_noise() -> None:
+    from protofed.tracking import epsilon_text
+
+    seeded = simulate(prepare(_private("privacy.noise_multiplier=2", "privacy.noise=seeded")))
+    seeded.run()
+    secure = simulate(prepare(_private("privacy.noise_multiplier=2")))
+    secure.run()
+    last, plain = seeded.history[-1], secure.history[-1]
+    assert last.epsilon is not None and plain.epsilon is not None
+    assert "not a guarantee" in epsilon_text(last.epsilon, last.server)
+    assert epsilon_text(plain.epsilon, plain.server) == f"ε {plain.epsilon:.3g}"

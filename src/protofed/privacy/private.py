@@ -54,6 +54,8 @@ from protofed.training.client import Client
 
 log = logging.getLogger("protofed")
 CLIP, UNCLIPPED, PRESENCE = "clip_norm", "unclipped", "class_presence"
+SEEDED = "noise_seeded"
+"""A round metric present (1.0) where the noise came from the seed: not a guarantee."""
 OBSERVED = "audit."
 """Server-state keys of the audit's observation, one per group: `audit.<record>`."""
 COUNT_SENSITIVITY = 0.5
@@ -237,6 +239,8 @@ class Private(Algorithm):
             "noise_multiplier": self.dp.sigma,
             CLIP: clip,
         }
+        if not self.secure:  # every progress line says so (tracking.epsilon_text)
+            metrics[SEEDED] = 1.0
         layer = {CLIP: torch.tensor(new_clip)}
         if PRESENCE in privacy or any(
             is_prototypes(arrays) for r in released for arrays in r.records.values()
