@@ -141,3 +141,68 @@ def test_the_layer_checker_sees_a_type_checking_import(tmp_path, monkeypatch) ->
     )
     monkeypatch.setitem(globals(), "SRC", tmp_path / "protofed")
     assert _upward_imports(probe, _layers()) == ["protofed.core.zz_probe:3 imports protofed.config"]
+
+
+# pytest's own markers; every other one must be registered in pyproject's markers
+BUILTIN_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+
+
+def _registered_markers() -> set[str]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    lines = options["ini_options"].get("markers", [])
+    return {re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in lines}
+
+
+def _markers_used(path: Path) -> list[tuple[int, str]]:
+    """Every `pytest.mark.NAME` in a test module (decorators, `pytestmark`, `marks=` of
+    `pytest.param`), and `mark.NAME` where the module imports `mark` from pytest."""
+    tree = ast.parse(path.read_text())
+    owners = {"pytest.mark"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pytest":
+            owners |= {alias.asname or alias.name for alias in node.names if alias.name == "mark"}
+    return sorted(
+        (node.lineno, node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) in owners
+    )
+
+
+def _unregistered_markers(paths: list[Path], registered: set[str], root: Path) -> list[str]:
+    known = registered | BUILTIN_MARKERS
+    return [
+        f"{path.relative_to(root).as_posix()}:{line} {name}"
+        for path in paths
+        for line, name in _markers_used(path)
+        if name not in known
+    ]
+
+
+def test_every_marker_a_test_takes_is_registered() -> None:
+    """`make test-fast` runs `-m "not integration"`: a misspelt marker (`integraton`) would
+    silently put a slow test in the fast tier. pytest's --strict-markers (addopts) fails the
+    collection too; this names every offender at once, without collecting."""
+    registered = _registered_markers()
+    assert "integration" in registered
+    paths = sorted((ROOT / "tests").rglob("*.py"))
+    bad = _unregistered_markers(paths, registered, ROOT)
+    assert not bad, "markers not registered in pyproject's [tool.pytest.ini_options]:\n" + (
+        "\n".join(bad)
+    )
+
+
+def test_the_marker_checker_sees_an_unregistered_marker(tmp_path) -> None:
+    probe = tmp_path / "tests" / "test_probe.py"
+    probe.parent.mkdir()
+    probe.write_text(
+        "import pytest\nfrom pytest import mark\n"
+        "pytestmark = pytest.mark.integraton\n"
+        "@pytest.mark.parametrize('x', [pytest.param(1, marks=pytest.mark.slowish)])\n"
+        "@mark.integration\n@mark.gpu\ndef test_x(x): pass\n"
+    )
+    assert _unregistered_markers([probe], {"integration"}, tmp_path) == [
+        "tests/test_probe.py:3 integraton",
+        "tests/test_probe.py:4 slowish",
+        "tests/test_probe.py:6 gpu",
+    ]
