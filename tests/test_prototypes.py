@@ -4,6 +4,7 @@ import functools
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from sklearn.datasets import make_blobs
 
@@ -45,6 +46,7 @@ def test_kmeans_from_weighted_mean_on_identical_clients_returns_that_mean():
     assert torch.equal(labels, torch.arange(5).repeat(4))
 
 
+@pytest.mark.integration
 def test_davies_bouldin_selection_finds_the_planted_cluster_count():
     x, _ = make_blobs(
         n_samples=120, centers=4, cluster_std=0.3, center_box=(-20, 20), random_state=3
@@ -99,6 +101,7 @@ def _inertia(x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor) -> 
     return float(((x.double() - centroids.double()[labels]) ** 2).sum())
 
 
+@pytest.mark.integration
 def test_torch_kmeans_matches_sklearn_on_fedali_like_banks(shared_data):
     """8 clients' banks of 256 prototypes: a shared bank of real windows, each client's moved
     by EMA toward its own real windows (as ALP layers do); start at their average, the
@@ -121,6 +124,7 @@ def test_torch_kmeans_matches_sklearn_on_fedali_like_banks(shared_data):
     assert torch.equal(wrong[1], new_l) and torch.allclose(wrong[0], new_c, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_torch_kmeans_on_overlapping_real_data_within_a_factor_of_sklearn(shared_data):
     """2000 real windows into 64 clusters from the first 64 (no separation to prune with:
     the full-distance path, many iterations): inertia within 0.1 % of scikit-learn's."""

@@ -64,6 +64,7 @@ def _one_line_error(result) -> str:
     return text
 
 
+@pytest.mark.integration
 def test_compare_is_the_mean_paired_difference_with_scipys_ci_and_p(runs, tmp_path):
     out = tmp_path / "rep"
     result = runner.invoke(
@@ -94,6 +95,7 @@ def test_compare_is_the_mean_paired_difference_with_scipys_ci_and_p(runs, tmp_pa
         assert f"| {seed} | {x:.6g} | {y:.6g} | {x - y:+.6g} |" in md
 
 
+@pytest.mark.integration
 def test_compare_takes_another_metric_and_patterns(runs, tmp_path):
     out = tmp_path / "rep"
     args = ["report", str(runs), "--out", str(out), "--compare", "local*", "fedper*"]
@@ -122,6 +124,7 @@ def test_wilcoxon_runs_from_six_seeds_and_matches_scipy():
     assert math.isclose(got.t_p or 0, stats.ttest_rel(a, b).pvalue)
 
 
+@pytest.mark.integration
 def test_cd_ranks_are_a_hand_count_over_seeds(runs, tmp_path):
     out = tmp_path / "rep"
     result = runner.invoke(app, ["report", str(runs), "--out", str(out), "--cd"])
@@ -176,6 +179,7 @@ def test_cd_over_data_sets_ranks_each_data_sets_mean():
     assert np.allclose(table.average_ranks, [(2 + 2 + 1.5) / 3, (3 + 1 + 1.5) / 3, (1 + 3 + 3) / 3])
 
 
+@pytest.mark.integration
 def test_bad_statistics_input_is_one_line_exit_2(runs, tmp_path):
     out = tmp_path / "rep"
     base = ["report", "--out", str(out)]
@@ -198,6 +202,7 @@ def test_bad_statistics_input_is_one_line_exit_2(runs, tmp_path):
     assert not list(tmp_path.glob("rep*"))  # nothing half-written
 
 
+@pytest.mark.integration
 def test_the_cd_diagram_draws_the_ranks_and_the_cd(runs):
     import matplotlib.pyplot as plt
 

@@ -60,6 +60,7 @@ def distance(a: Arrays, b: Arrays) -> float:
     return math.sqrt(squares)
 
 
+@pytest.mark.integration
 def test_weighted_mean_of_large_tensors_is_the_whole_float64_sum_bit_for_bit() -> None:
     """Tensors past the cast's chunk (and a ragged last chunk, a non-contiguous reply) give
     exactly the float64 sum taken whole, then divided and cast back."""
@@ -139,6 +140,7 @@ def test_trimmed_mean_cuts_ceil_trim_n_at_each_end(n: int, trim: float, cut: int
         np.testing.assert_allclose(mean[MODEL]["w"].numpy(), stats.trim_mean(x, trim), rtol=1e-6)
 
 
+@pytest.mark.integration
 def test_trimmed_mean_without_trim_is_the_unweighted_mean() -> None:
     x = stacked(4)
     mean, _ = trimmed_mean(replies_of(*x, examples=[1, 2, 3, 4]), trim=0.0)
@@ -226,6 +228,7 @@ def test_config_errors_name_the_key(key: str, value: object) -> None:
         load_config(None, [f"aggregation.{key}={value}"])
 
 
+@pytest.mark.integration
 def test_krum_that_no_round_can_satisfy_is_refused_before_the_run() -> None:
     from protofed.runtime.prepare import check_krum
 
@@ -273,6 +276,7 @@ def aggregate(setting: Setting, server: Records, replies: list[Reply], **rule) -
     return result.server[MODEL], result.metrics
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "rule",
     [
@@ -295,6 +299,7 @@ def test_robust_rules_stay_with_the_honest_clients(poisoned_round, rule) -> None
     assert metrics[DROPPED] == 0  # the rules outvote the attacker; none is left out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "checks", [{"max_norm_ratio": 10.0}, {"max_update_norm": 100.0}], ids=["ratio", "bound"]
 )
@@ -326,6 +331,7 @@ WINDOWS = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "algorithm", ["fedavg", "pfedme", "fedclar", "fedpac", "protohar", "fednh", "feddpa", "fedali"]
 )

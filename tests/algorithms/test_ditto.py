@@ -66,6 +66,7 @@ def _reference(data, train: TrainConfig, lam: float, w, v0, *, coupled: bool = F
     return client.weights()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_the_personal_step_pulls_toward_w_outside_the_momentum(digits_clients, momentum):
     data = digits_clients(300)[0]

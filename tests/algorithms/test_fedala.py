@@ -174,6 +174,7 @@ def test_trained_w_stays_in_the_unit_interval_and_lower_layers_are_global(digits
             assert torch.equal(hat[k], torch.lerp(loc[k], g[k], w[k]))
 
 
+@pytest.mark.integration
 def test_start_phase_ends_on_the_threshold_then_one_epoch_per_round(digits_clients):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no cap warning
@@ -185,12 +186,14 @@ def test_start_phase_ends_on_the_threshold_then_one_epoch_per_round(digits_clien
     assert w2.keys() == w.keys()
 
 
+@pytest.mark.integration
 def test_start_phase_stops_at_the_cap_with_a_warning(digits_clients):
     with pytest.warns(RuntimeWarning, match="max_start_epochs=12"):
         *_, metrics = _adapt(digits_clients[0], AlaSettings(threshold=1e-12, max_start_epochs=12))
     assert metrics["ala_epochs"] == 12 and metrics["ala_capped"] == 1
 
 
+@pytest.mark.integration
 def test_cached_embeddings_train_the_same_weights_as_full_forward_passes(
     digits_clients, monkeypatch
 ):
@@ -241,6 +244,7 @@ def test_workspace_requires_grad_is_restored(digits_clients):
     assert all(p.requires_grad for p in model.parameters())
 
 
+@pytest.mark.integration
 def test_the_wrapped_algorithm_sees_only_its_own_records(digits_clients, monkeypatch):
     """FedRep with the plug-in: ALA's records sit beside FedRep's head in the client's state,
     and FedRep's `fit` is handed only its head and theta_hat as the message's model."""
@@ -286,6 +290,7 @@ def _numbers(summary: Summary) -> dict:
     return {k: v for k, v in summary.to_json().items() if k != "time"}
 
 
+@pytest.mark.integration
 def test_w_persists_per_client_and_never_leaks(monkeypatch):
     calls: list[tuple[int, int, bool, dict]] = []
     real = _ala.train_weights
@@ -346,6 +351,7 @@ def test_personalized_trained_evaluates_the_model_trained_last():
     assert all(never_trained[k] is v for k, v in sim.server[MODEL].items())  # the global model
 
 
+@pytest.mark.integration
 def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
     cfg = load_config(
         None, [*DIGITS, "algorithm.name=fedala", "train.rounds=4", "train.client_fraction=0.5"]
@@ -364,6 +370,7 @@ def test_killed_fedala_run_resumes_with_its_weights(tmp_path):
     assert _numbers(resume(tmp_path / "killed").run()) == _numbers(whole)
 
 
+@pytest.mark.integration
 def test_fedala_is_fedavg_with_the_plugin():
     a = _sim("algorithm.name=fedala", "train.rounds=3").run()
     b = _sim("algorithm.name=fedavg", "algorithm.ala.enabled=true", "train.rounds=3").run()
@@ -371,6 +378,7 @@ def test_fedala_is_fedavg_with_the_plugin():
     assert {**_numbers(a), "algorithm": None} == {**_numbers(b), "algorithm": None}
 
 
+@pytest.mark.integration
 def test_summary_and_report_say_when_ala_was_on(tmp_path):
     from protofed.report import collect, to_markdown
 
@@ -400,6 +408,7 @@ def test_personalization_scores_are_each_clients_own_aggregate():
         assert scores[cid] == pytest.approx(acc, abs=1e-12), cid
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", PLUGIN)
 def test_plugin_runs_and_adds_zero_bytes(name):
     plain = _sim(f"algorithm.name={name}", "train.rounds=2")
@@ -422,6 +431,7 @@ def test_plugin_runs_and_adds_zero_bytes(name):
         assert {k.rsplit(".", 1)[0] for k in w} == {expected}
 
 
+@pytest.mark.integration
 def test_ditto_applies_ala_to_its_personal_model(digits_clients, monkeypatch):
     """Ditto ("state"): ALA mixes the personal model v it kept with the received global
     model, and Ditto's `fit` trains its personal model from that theta_hat; the message (its
@@ -515,6 +525,7 @@ def test_info_lists_the_ala_keys_where_the_plugin_applies():
 
 
 # end to end on real data ----------------------------------------------------------------
+@pytest.mark.integration
 def test_fedala_on_mnist_pathological(shared_data):
     base = [
         f"data.dir={shared_data}",

@@ -308,6 +308,7 @@ def test_fedali_requires_alp_layers() -> None:
         build_algorithm("fedali", {}, _setting(model))
 
 
+@pytest.mark.integration
 def test_messages_replies_and_state_carry_the_right_prototypes() -> None:
     model = _model()
     algo = build_algorithm("fedali", {}, _setting(model))
@@ -404,6 +405,7 @@ def test_torch_and_sklearn_server_kmeans_give_the_same_global_prototypes() -> No
 
 
 # a short real run ---------------------------------------------------------------------------
+@pytest.mark.integration
 def test_fedali_runs_on_uci_har(shared_data, tmp_path) -> None:
     """Real UCI-HAR windows (every third) of 4 subjects, 6 channels (total acc + body gyro)."""
     path = uci_har_slice(tmp_path / "uci_har_4.npz", [1, 3, 5, 6], every=3)
@@ -552,6 +554,7 @@ def test_hart_options_build_the_official_attention_and_keep_the_defaults() -> No
     assert model.eval()(torch.randn(3, 6, 128)).shape == (3, 6)
 
 
+@pytest.mark.integration
 def test_the_official_preset_runs_one_round_on_real_data(shared_data, tmp_path) -> None:
     """configs/fedali_official.yaml through the CLI for one round, on real UCI-HAR windows
     of 4 subjects (every sixth) and small banks, one local epoch: seconds."""

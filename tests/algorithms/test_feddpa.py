@@ -57,6 +57,7 @@ def test_separation_loss_is_the_mean_hinge_over_ordered_pairs_when_too_close() -
     assert loss.item() == pytest.approx(1.0, abs=1e-5) and torch.isfinite(same.grad).all()
 
 
+@pytest.mark.integration
 def test_contrastive_step_pushes_close_prototypes_apart_and_leaves_absent_ones() -> None:
     protos = torch.tensor([[0.0, 0.0], [0.2, 0.0], [5.0, 5.0]])
     present = torch.tensor([1.0, 1.0, 0.0])

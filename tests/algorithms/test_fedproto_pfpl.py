@@ -209,6 +209,7 @@ def test_pfpl_server_keeps_latest_prototypes_and_sends_each_client_its_own(digit
 
 
 # client sides on real clients ---------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("cls", [FedProto, PFPL])
 def test_client_trains_its_own_model_and_sends_only_its_class_prototypes(
     cls, digits_clients
@@ -232,6 +233,7 @@ def test_client_trains_its_own_model_and_sends_only_its_class_prototypes(
     assert algo.client_model({}, result.state) is state
 
 
+@pytest.mark.integration
 def test_prototype_loss_pulls_embeddings_toward_the_prototypes(digits_clients) -> None:
     """With a large lam, local training moves the class means toward the sent prototypes."""
     data = digits_clients[0]
@@ -366,6 +368,7 @@ def test_runs_end_to_end_on_office_caltech_domains(tmp_path, shared_data, name: 
     assert by_domain["amazon"] == pytest.approx(sum(amazon) / len(amazon))
 
 
+@pytest.mark.integration
 def test_pfpl_runs_on_digits_domains(tmp_path, shared_data) -> None:
     raw = {
         "seed": 1,

@@ -246,6 +246,7 @@ def _config(shared_data, *extra: str):
     )
 
 
+@pytest.mark.integration
 def test_fedsub_runs_on_wisdm_and_sends_each_client_its_own_model(shared_data):
     sim = simulate(prepare(_config(shared_data)))
     summary = sim.run()

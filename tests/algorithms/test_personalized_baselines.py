@@ -177,6 +177,7 @@ def test_moon_loss_is_lower_when_closer_to_the_global_representation() -> None:
     assert model_contrastive_loss(z, near, near, 0.1).item() == pytest.approx(math.log(2))
 
 
+@pytest.mark.integration
 def test_moon_pulls_the_local_representation_to_the_global_one(clients_data) -> None:
     train = TrainConfig(local_epochs=3, batch_size=32, lr=0.05)
     model = make_model()
@@ -241,6 +242,7 @@ def test_batchnorm_names_are_the_batchnorm_layers() -> None:
         build(FedBN, setting_for(make_model()))
 
 
+@pytest.mark.integration
 def test_fedbn_never_averages_batchnorm_parameters_or_statistics(clients_data) -> None:
     model = TinyBN()
     setting = setting_for(model)
@@ -341,6 +343,7 @@ def test_fedrod_personalized_model_is_generic_plus_personal_head(clients_data) -
 
 
 # FedBABU --------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_fedbabu_head_never_changes_before_fine_tuning(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -366,6 +369,7 @@ def test_fedbabu_head_never_changes_before_fine_tuning(clients_data) -> None:
     assert equal(algo.client_model(new, {}), glob)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("part", ["full", "head", "body"])
 def test_fedbabu_fine_tunes_the_received_model(part: str, clients_data) -> None:
     model = make_model()
@@ -415,6 +419,7 @@ def test_apfl_one_step_is_the_papers_update() -> None:
         torch.testing.assert_close(personal[n], a1 * new_state[PERSONAL][n] + (1 - a1) * reply[n])
 
 
+@pytest.mark.integration
 def test_apfl_alpha_grows_when_the_personal_model_is_better(clients_data) -> None:
     data = clients_data[0]
     train = TrainConfig(local_epochs=2, batch_size=32, lr=0.05)
@@ -444,6 +449,7 @@ def test_apfl_alpha_grows_when_the_personal_model_is_better(clients_data) -> Non
 
 
 # Per-FedAvg -----------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_per_fedavg_meta_step_is_fedavg_step_at_the_adapted_point() -> None:
     torch.manual_seed(0)
     model = make_model(hidden=[]).double()
@@ -523,6 +529,7 @@ def test_per_fedavg_groups_and_personalization(clients_data) -> None:
 
 
 # pFedMe ---------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_pfedme_personal_model_approximately_solves_the_proximal_problem() -> None:
     torch.manual_seed(0)
     data = tiny_data(32)
@@ -590,6 +597,7 @@ def test_pfedme_local_and_server_updates() -> None:
 
 
 # the ALA plug-in where the FedALA slides use it ------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["perfedavg", "pfedme"])
 def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
     overrides = [
@@ -631,6 +639,7 @@ def test_ala_plugin_runs_on_per_fedavg_and_pfedme(name: str) -> None:
 
 
 # end to end on real data ------------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)
 def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
     model = ["model.name=cnn1dbn"] if name == "fedbn" else ["model.name=mlp", "model.hidden=[64]"]

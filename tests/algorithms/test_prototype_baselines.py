@@ -142,6 +142,7 @@ def test_registered_with_paper_defaults_and_global_model_flags() -> None:
             parse_algorithm_params(name, raw)
 
 
+@pytest.mark.integration
 def test_embed_is_the_eval_mode_body_and_restores_the_mode() -> None:
     model = make_model()
     model.train()
@@ -215,6 +216,7 @@ def test_combination_weights_sum_to_one_and_favour_the_similar_client() -> None:
     assert abs(float(noisy[0, 0] - noisy[0, 1])) < 0.05
 
 
+@pytest.mark.integration
 def test_fedpac_round_trip_combines_heads_per_client(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -274,6 +276,7 @@ def test_uniform_prototypes_are_a_regular_simplex(classes: int, dim: int) -> Non
     torch.testing.assert_close(off, torch.full_like(off, -1 / (classes - 1)))  # the optimum
 
 
+@pytest.mark.integration
 def test_uniform_prototypes_beyond_the_dimension_spread_better_than_random() -> None:
     p = uniform_prototypes(12, 3, steps=500)  # more classes than dimensions: optimised
     torch.testing.assert_close(p.norm(dim=1), torch.ones(12))
@@ -305,6 +308,7 @@ def test_fednh_server_update_is_the_momentum_formula() -> None:
     torch.testing.assert_close(smooth_update(p, means, counts, 1.0), p)
 
 
+@pytest.mark.integration
 def test_fednh_trains_the_body_under_fixed_prototypes(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -345,6 +349,7 @@ def test_protohar_server_averages_prototypes_per_client_not_per_sample() -> None
     torch.testing.assert_close(clients, torch.tensor([2.0, 1.0]))
 
 
+@pytest.mark.integration
 def test_protohar_alignment_pulls_embeddings_to_the_global_prototypes(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -502,6 +507,7 @@ def test_fedhome_fedavg_then_head_fine_tuning(clients_data) -> None:
 
 
 # end to end on real data ------------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)
 def test_a_short_run_on_uci_har_natural_clients(name: str, shared_data) -> None:
     extra = {"fedhome": ["algorithm.finetune_rounds=1"], "fedclar": ["algorithm.cluster_round=2"]}

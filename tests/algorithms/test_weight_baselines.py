@@ -215,6 +215,7 @@ def test_proximal_loss_adds_half_mu_squared_distance() -> None:
 
 
 # local ------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_local_never_communicates_and_keeps_its_model(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -292,6 +293,7 @@ def test_aggregate_is_the_sample_weighted_mean(cls) -> None:
 
 
 # FedProx ------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_fedprox_mu_zero_is_fedavg(clients_data) -> None:
     model = make_model()
     setting = setting_for(model)
@@ -302,6 +304,7 @@ def test_fedprox_mu_zero_is_fedavg(clients_data) -> None:
     assert out.metrics == ref.metrics and "num_examples" not in out.metrics
 
 
+@pytest.mark.integration
 def test_fedprox_large_mu_stays_near_the_global_model(clients_data) -> None:
     train = TrainConfig(local_epochs=3, batch_size=32, lr=0.05)
     model = make_model()
@@ -457,6 +460,7 @@ def test_replies_and_states_do_not_alias_the_workspace(name: str, clients_data) 
     )
 
 
+@pytest.mark.integration
 def test_frozen_batchnorm_keeps_its_statistics():
     """FedRep's head phase must not move the body's BatchNorm running statistics."""
     import torch

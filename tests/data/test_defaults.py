@@ -63,6 +63,7 @@ def _run_wine(path, *extra: str) -> dict:
     return simulate(prepare(cfg)).run()
 
 
+@pytest.mark.integration
 def test_raw_csv_on_mixed_scales_trains_like_its_standardised_copy(tmp_path):
     raw = _wine_csv(tmp_path, standardized=False)
     default = _run_wine(raw)

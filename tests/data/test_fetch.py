@@ -156,6 +156,7 @@ def _uci_zip(path: Path, windows: dict[str, tuple[np.ndarray, np.ndarray, np.nda
         z.writestr("UCI HAR Dataset.names", "names")
 
 
+@pytest.mark.integration
 def test_uci_har_fetch_matches_the_shared_conversion_and_runs(shared_data, tmp_path, monkeypatch):
     with np.load(shared_data / "har" / "uci_har.npz") as d:
         X, y, subject = d["X"], d["y"].astype(int), d["subject"].astype(int)

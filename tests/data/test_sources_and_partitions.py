@@ -77,6 +77,7 @@ def test_every_registered_loader_is_covered():
     assert all(info.description and "\n" not in info.description for info in DATASETS.values())
 
 
+@pytest.mark.integration
 def test_digits_needs_no_data_root(tmp_path):
     ds = load_dataset(DataConfig(name="digits", dir=str(tmp_path / "nowhere")))
     assert ds.X.shape == (1797, 1, 8, 8) and ds.kind == "image" and ds.groups is None
@@ -86,6 +87,7 @@ def test_digits_needs_no_data_root(tmp_path):
     assert resized.X.shape == (1797, 1, 16, 16)
 
 
+@pytest.mark.integration
 @pytest.mark.shared_data
 @pytest.mark.parametrize("name", sorted(set(EXPECTED) - NO_FILES))
 def test_real_loader_shapes(real, name):
@@ -111,6 +113,7 @@ def _check_expected(name: str, ds: Dataset) -> None:
         assert len(np.unique(ds.groups)) == groups
 
 
+@pytest.mark.integration
 @pytest.mark.shared_data
 def test_uci_har_channels(real):
     ds = real("uci_har")
@@ -136,6 +139,7 @@ def test_bad_channel_is_a_config_error(real, bad):
         real("wisdm", channels=["gyro_x"])
 
 
+@pytest.mark.integration
 @pytest.mark.shared_data
 def test_real_loader_preprocessing(real):
     cifar = real("cifar10")

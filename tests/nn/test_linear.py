@@ -29,6 +29,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("batch", "fan_in", "fan_out"), [(10, 1664, 1024), (10, 512, 6), (3, 7, 5)]
 )
@@ -62,6 +63,7 @@ def test_no_bias_and_frozen_weight(one_thread, kernel):
     assert layer.weight.grad is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matmul_nt_is_a_times_b_transposed(threads, kernel):
     before = torch.get_num_threads()

@@ -60,6 +60,7 @@ def test_agrees_with_a_dense_numpy_reference(iterations: int) -> None:
         np.testing.assert_allclose(plan.double().numpy(), expected, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.integration
 def test_agrees_with_pot_at_convergence() -> None:
     ot = pytest.importorskip("ot")  # POT, the dev extra: an independent implementation
     scores = _cosines(20, 15, seed=3).double()
@@ -69,6 +70,7 @@ def test_agrees_with_pot_at_convergence() -> None:
     np.testing.assert_allclose(plan.double().numpy(), reference, atol=1e-6)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("epsilon", [1e-4, 1e-3, 0.01])
 def test_small_epsilon_stays_finite_and_balanced(epsilon: float) -> None:
     scores = _cosines(50, 20, seed=4)
@@ -102,6 +104,7 @@ def test_bounded_cosine_kernel_gives_the_same_plan() -> None:
     assert cosine_kernel(x, p, 0.01) is None  # outside the proven range: caller goes log-domain
 
 
+@pytest.mark.integration
 def test_direct_form_holds_at_a_vit_layers_size_on_the_extreme_kernel() -> None:
     # 4096 tokens (batch 64 x 64 patches) against 2 x 2048 prototypes, over the old 1e7-cell
     # bound: every cosine is +1 or -1, so the kernel takes only the values 1 and e^-40

@@ -38,6 +38,7 @@ def _numbers(summary: Summary) -> dict:
     return {k: v for k, v in summary.to_json().items() if k != "time"}
 
 
+@pytest.mark.integration
 def test_the_round_record_names_the_generalization_sample(tmp_path):
     cfg = _cfg("train.rounds=1", "train.workers=1", "eval.generalization_samples=50")
     start(cfg, tmp_path / "run").run()
@@ -77,6 +78,7 @@ def test_summary_has_the_contracted_keys(tmp_path):
         assert (tmp_path / "run" / name).is_file()
 
 
+@pytest.mark.integration
 def test_same_config_and_seed_give_identical_numbers():
     a = simulate(prepare(_cfg("train.client_fraction=0.5"))).run()
     b = simulate(prepare(_cfg("train.client_fraction=0.5"))).run()
@@ -85,6 +87,7 @@ def test_same_config_and_seed_give_identical_numbers():
     assert _numbers(a) != _numbers(c)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("client_model", ["received", "trained"])
 def test_killed_run_resumes_to_the_same_summary(tmp_path, client_model):
     """Under `trained` the kept models are checkpointed: clients not sampled after the kill
@@ -163,6 +166,7 @@ def test_threads_setting_is_applied():
         torch.set_num_threads(before)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("algorithm", "client_model"),
     [
@@ -229,6 +233,7 @@ def test_one_model_is_scored_on_every_worker_in_whole_batches(monkeypatch):
         assert test[0][1] % 40 == 0 and test[1][1] > test[1][0]
 
 
+@pytest.mark.integration
 def test_the_default_engine_trains_in_workers_with_the_serial_numbers(monkeypatch):
     """Unset train.workers on a 3-core affinity: three workers, the numbers of serial."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -242,6 +247,7 @@ def test_the_default_engine_trains_in_workers_with_the_serial_numbers(monkeypatc
     assert _numbers(serial.run()) == _numbers(parallel)
 
 
+@pytest.mark.integration
 def test_a_thousand_clients_do_not_hold_a_thousand_models():
     """Replies are aggregated as a stream and FedAvg keeps no per-client state."""
     import psutil
@@ -286,6 +292,7 @@ def test_without_validation_data_files_stay_strict_json(tmp_path):
             json.loads(line, parse_constant=no_constants)
 
 
+@pytest.mark.integration
 def test_the_loop_is_composed_and_checkpoints_where_it_owns_the_states(tmp_path):
     from protofed.runtime import InProcessTransport, RoundLoop, ServerSideEvaluation
 
@@ -358,6 +365,7 @@ NEEDS = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_checkpoint_passes_the_resume_check(name, tmp_path, request):
     if name == "fedali":  # the only one on real windows: the others need no shared data

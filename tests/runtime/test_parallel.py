@@ -47,6 +47,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(signum)  # what ray.init installs
 
 
+@pytest.mark.integration
 def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
     """After `ray.init` the parent's SIGTERM handler raises SystemExit: a worker that kept it
     would run the parent's exit hooks when the pool closes instead of dying."""
@@ -64,6 +65,7 @@ def test_pool_workers_take_the_default_sigterm_whatever_the_parent_had():
     assert got == [(signal.SIG_DFL, signal.SIG_IGN)] * 3
 
 
+@pytest.mark.integration
 def test_a_sigterm_before_a_worker_reset_its_handlers_still_stops_it(monkeypatch):
     """A worker terminated while still starting (a loaded machine forks slowly) must die of
     the SIGTERM: had it reached the handler the worker inherited, Python would drop it and
@@ -112,6 +114,7 @@ def _closes_within(pool, seconds: float) -> bool:
     return not closing.is_alive()
 
 
+@pytest.mark.integration
 def test_a_pool_closes_after_its_workers_got_the_groups_sigterm():
     """`timeout` or a batch scheduler signals the whole process group: workers die while
     waiting for a task. With `multiprocessing.Pool` one of them held the task queue's lock
@@ -134,6 +137,7 @@ def test_a_pool_closes_after_its_workers_got_the_groups_sigterm():
     assert closed, "pool.close() hung after its workers were killed"
 
 
+@pytest.mark.integration
 def test_a_worker_killed_mid_task_stops_the_run_in_one_line():
     """The out-of-memory killer's SIGKILL: a clear RunStopped, not a round that never ends."""
     from protofed.errors import RunStopped
@@ -149,6 +153,7 @@ def test_a_worker_killed_mid_task_stops_the_run_in_one_line():
         assert _closes_within(pool, 30)
 
 
+@pytest.mark.integration
 def test_a_workers_exception_keeps_its_type_and_the_pool_goes_on():
     """A task's exception reaches the caller as raised (a ConfigError stays one line), with
     the worker's traceback as its cause; replies an abandoned map still owed are dropped."""
@@ -200,6 +205,7 @@ def _shared_times(_inherited: object, shared: Factor, value: int) -> tuple[int, 
     return value * shared.value, _UNPICKLED[0]
 
 
+@pytest.mark.integration
 def test_a_maps_shared_value_crosses_once_to_each_worker():
     """`map(..., shared=...)`: the shared value reaches each worker once per map, a task
     without one gets none, and a second map's value replaces the first's."""
@@ -224,6 +230,7 @@ def _shared_len(_inherited: object, shared: dict, value: int) -> int:
     return len(shared) + value
 
 
+@pytest.mark.integration
 def test_a_map_that_finds_every_worker_taken_says_so():
     """Two maps open at once, the first holding both workers: an error, not a wait forever."""
     from protofed.runtime.parallel import WorkerPool
@@ -239,6 +246,7 @@ def test_a_map_that_finds_every_worker_taken_says_so():
         pool.close()
 
 
+@pytest.mark.integration
 def test_a_worker_killed_between_rounds_is_named_on_the_next_one():
     """The out-of-memory killer strikes an idle worker: the next map says so in one line."""
     from protofed.errors import RunStopped
@@ -259,6 +267,7 @@ def _threads(_inherited: object) -> int:
     return torch.get_num_threads()
 
 
+@pytest.mark.integration
 def test_the_parent_runs_one_thread_while_a_map_is_open_and_gets_its_own_back():
     """While workers train, a second OpenMP thread in the parent only takes their cycles; the
     parent's count comes back when the last open map ends, however maps interleave."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from protofed.config import load_config
 from protofed.runtime import guard, prepare, simulate, start
 from protofed.runtime import loop as round_loop
@@ -23,6 +25,7 @@ DIGITS = [
 ]
 
 
+@pytest.mark.integration
 def test_each_phase_gets_its_own_time_however_aggregate_consumes_the_replies(monkeypatch):
     """Slowed by known amounts: each reply 0.1 s later (training), each check 0.05 s (the
     guard: four replies, checked where they were trained, and the aggregate), the

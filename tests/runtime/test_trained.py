@@ -31,6 +31,7 @@ def _cfg(*extra: str):
     return load_config(None, [*BASE, *extra])
 
 
+@pytest.mark.integration
 def test_a_fedavg_client_is_scored_with_the_model_its_fit_returned(tmp_path):
     """The issue's acceptance test: the personalization score of each client in the selected
     round is that of the weights its `fit` returned (in that round, or its last before it),
@@ -118,6 +119,7 @@ def _after_round_1(name: str, *extra: str) -> RoundLoop:
     return loop
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(WORKSPACE))
 def test_trained_model_is_the_model_the_client_holds_after_training(name):
     """Round 2 (after one aggregation, so FedPAC's message carries a combined head that its
@@ -161,6 +163,7 @@ def test_trained_model_of_the_other_methods_is_their_personalized_model_after_tr
     assert all(torch.allclose(got[k], want[k]) for k in want), name
 
 
+@pytest.mark.integration
 def test_kept_models_share_the_tensors_of_the_state():
     """Local's trained model is its state: in the serial engine keeping it costs nothing
     (from worker processes it is copied out of shared memory, one file descriptor a tensor)."""

@@ -30,6 +30,7 @@ def _count_fused_steps(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("name", "shape", "hidden"),
     [

@@ -37,6 +37,7 @@ def _digits_run(client, precision: str, threads: int) -> tuple[dict, list[float]
     return model.state_dict(), losses, acc
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("threads", [1, 2])  # 1: the oneDNN Linear must step aside
 def test_bf16_trains_close_to_fp32_and_repeats_exactly(digits_clients, threads):
     client = digits_clients(600)[0]
@@ -81,6 +82,7 @@ def test_linear_follows_autocast_and_stays_fp32_without(threads):
     assert layer(x).dtype == torch.float32
 
 
+@pytest.mark.integration
 def test_hart_with_alp_trains_in_bf16_on_uci_har(shared_data):
     """HART with ALP layers, a few bf16 Adam steps on a slice of real UCI-HAR windows: the
     matching stays fp32 (the banks too), the loss is finite and close to fp32's."""
@@ -109,6 +111,7 @@ def test_hart_with_alp_trains_in_bf16_on_uci_har(shared_data):
     assert all(v.dtype == w32[k].dtype for k, v in w16.items())  # banks and weights fp32
 
 
+@pytest.mark.integration
 def test_a_bf16_run_on_uci_har_natural_clients(shared_data):
     cfg = load_config(
         None,

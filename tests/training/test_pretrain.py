@@ -25,6 +25,9 @@ from protofed.training.pretrain import (
     state_path,
 )
 
+# every test pretrains or reads real data: all of them integration
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 CONFIG = "configs/fedali_hhar_natural.yaml"
 SMALL = [  # the paper's HART (6 blocks, d = 192) with small prototype banks, 200 windows

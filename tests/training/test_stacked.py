@@ -100,6 +100,7 @@ def _assert_same(alone, together, **tolerance):
             torch.testing.assert_close(got[name], ref[name], **(tolerance or TIGHT))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_every_optimizer_gives_each_client_its_own_weights(optimizer, digits):
     """Three clients of unequal sizes (4, 8 and 13 batches an epoch, the last batch short),
@@ -114,6 +115,7 @@ def test_every_optimizer_gives_each_client_its_own_weights(optimizer, digits):
     _assert_same(alone, _together(model, start, clients, train, seeds))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_harcnn_on_real_har_windows(optimizer, har):
     """PFLlib's HAR CNN (convolutions, pooling) on UCI-HAR windows, clients in any order of
@@ -159,6 +161,7 @@ def test_a_client_out_of_batches_is_left_untouched(optimizer):
             torch.testing.assert_close(p[i], ref.detach(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.integration
 def test_fedprox_term_matches_its_proximal_loss(digits):
     """FedProx's stacked round: its proximal term on each client's weights, anchored to the
     model it was sent, as its per-client proximal loss."""
@@ -221,6 +224,7 @@ def _scores(record: object, path: str = "") -> dict[str, float]:
     return {}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("algorithm", "extra"),
     [
@@ -296,6 +300,7 @@ def har_natural(shared_data, tmp_path_factory) -> list[str]:
     ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("algorithm", "extra"),
     [
@@ -349,6 +354,7 @@ def test_the_masked_prototype_distance_is_the_per_client_one(target, reduction, 
         torch.testing.assert_close(got, ref, **TIGHT)
 
 
+@pytest.mark.integration
 def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):
     """A round of more than STACK_GROUP clients trains in groups, each client as alone."""
     from protofed.runtime import local
