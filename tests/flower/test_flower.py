@@ -28,6 +28,9 @@ import psutil
 import pytest
 import torch
 
+# Flower's simulation and deployment engines: Ray, subprocesses, whole runs
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, MetricRecord  # noqa: E402

@@ -26,6 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# Flower's simulation and deployment engines: Ray, subprocesses, whole runs
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 

@@ -17,6 +17,9 @@ import time
 import psutil
 import pytest
 
+# Flower's simulation and deployment engines: Ray, subprocesses, whole runs
+pytestmark = pytest.mark.integration
+
 GRACE_S, GIVE_UP_S = 0.5, 2.0
 
 SESSION = """
