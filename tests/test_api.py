@@ -28,6 +28,7 @@ def ditto_run(tmp_path_factory) -> protofed.Run:
     return protofed.run(DIGITS, out, algorithm={"name": "ditto"}, **{"eval.every": 1})
 
 
+@pytest.mark.integration
 def test_run_returns_the_run_and_its_typed_summary(ditto_run) -> None:
     s = ditto_run.summary
     assert s.algorithm == "ditto" and s.rounds == 3 and s.num_clients == 4
@@ -111,6 +112,7 @@ def _doc_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", PYTHON_API_DOC.read_text(), flags=re.S)
 
 
+@pytest.mark.integration
 def test_the_python_api_page_examples_run(tmp_path, monkeypatch) -> None:
     """Every python block of docs/python-api.md, in order, in one namespace (the README's
     own short example: tests/test_readme.py)."""

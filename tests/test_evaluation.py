@@ -367,6 +367,7 @@ def _digits_federation(shape: tuple[int, ...], clients: int = 5, size: int = 120
 _SHAPES = {"any": (64,), "image": (1, 16, 16), "sensor": (2, 32)}
 
 
+@pytest.mark.integration
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # HART's attention on CPU
 @pytest.mark.parametrize(
     "name", ["mlp", "cnn", "pflcnn", "cnnbn", "cnn1d", "cnn1dbn", "harcnn", "resnet18", "hart"]
@@ -416,6 +417,7 @@ def test_stacking_is_off_by_default_and_for_batch_dependent_models():
     assert Evaluator(fed, hart, stacked_models=8).stacked_models == 1
 
 
+@pytest.mark.integration
 def test_a_batch_dependent_clients_personalization_does_not_depend_on_the_other_clients():
     """FedAli's ALP layers balance Sinkhorn over the batch: a client's own test and
     validation splits are predicted alone, `batch_size` at a time, so adding clients to the

@@ -141,6 +141,7 @@ def test_mutated_configs(tmp_path_factory, files, mutation):
     check(runner.invoke(app, ["run", str(path), "--out", str(out), *TINY]), out)
 
 
+@pytest.mark.integration
 @FUZZ
 @given(mutation=mutations, target=st.sampled_from(["checkpoint.pt", "metrics.jsonl"]))
 def test_mutated_checkpoints_and_metrics(tmp_path_factory, killed_run, mutation, target):
@@ -151,6 +152,7 @@ def test_mutated_checkpoints_and_metrics(tmp_path_factory, killed_run, mutation,
     check(runner.invoke(app, ["run", "--resume", str(run)]), run, before)
 
 
+@pytest.mark.integration
 @FUZZ
 @given(entry=st.integers(0, 1_000), element=st.floats(0.0, 1.0), bit=st.integers(0, 31))
 def test_a_flipped_bit_in_any_tensor_of_a_checkpoint_never_resumes(

@@ -19,6 +19,9 @@ import pytest
 from conftest import uci_har_slice
 from protofed.core.results import Summary
 
+# whole runs, against recorded numbers
+pytestmark = pytest.mark.integration
+
 GOLDEN = Path(__file__).parent / "golden"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -30,6 +30,7 @@ def test_every_line_of_an_earlier_metrics_file_reads_back_as_written():
         assert RoundRecord.from_json(raw).to_json() == raw
 
 
+@pytest.mark.integration
 def test_a_run_stopped_by_an_earlier_version_resumes_to_the_uninterrupted_numbers(tmp_path):
     old = tmp_path / "old"
     shutil.copytree(OLD_RUN, old)
@@ -43,6 +44,7 @@ def test_a_run_stopped_by_an_earlier_version_resumes_to_the_uninterrupted_number
     assert Summary.from_json(written) == got
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("which", ["final", "selected"])
 def test_a_summary_reads_back_key_for_key(tmp_path, which):
     run = protofed.run(_config(), tmp_path / "run")

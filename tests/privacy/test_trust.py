@@ -62,6 +62,7 @@ def _released_and_clipped(cfg):
     return released, clipped, algorithm
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("noise", ["secure", "seeded"])
 def test_the_config_cannot_regenerate_the_noise(noise) -> None:
     """Whoever holds config.yaml regenerates the seeded noise and subtracts it: the clipped
@@ -94,6 +95,7 @@ def test_a_private_run_draws_its_clients_from_secure_entropy() -> None:
     assert seeded.sample(1) == sample_clients(0, 1, 6, 3)
 
 
+@pytest.mark.integration
 def test_seeded_noise_is_marked_as_no_guarantee() -> None:
     secure = simulate(prepare(_private("privacy.noise_multiplier=2"))).run()
     seeded = simulate(prepare(_private("privacy.noise_multiplier=2", "privacy.noise=seeded")))
@@ -160,6 +162,7 @@ def test_adaptive_clipping_sends_centred_bits() -> None:
 
 
 # epsilon checked twice ---------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("q", [0.05, 0.2, 1 / 3])
 @pytest.mark.parametrize("sigma", [0.8, 1.5])
 @pytest.mark.parametrize("rounds", [10, 100])
@@ -200,6 +203,7 @@ def _analytic_gaussian_epsilon(mu: float, delta: float) -> float:
     return hi
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["central", "local"])
 @pytest.mark.parametrize("sigma", [1.0, 3.0])
 @pytest.mark.parametrize("rounds", [1, 30])
@@ -236,6 +240,7 @@ def test_fixed_sampling_without_replacement_stays_with_rdp() -> None:
 
 
 # the audit ---------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_the_audits_estimator_is_the_gaussian_mechanisms_epsilon() -> None:
     """Cosines as two unit-variance Gaussians a shift mu apart: the estimate is the epsilon
     of a Gaussian mechanism of multiplier 1 / mu (dp-accounting's PLD)."""
@@ -250,6 +255,7 @@ def test_the_audits_estimator_is_the_gaussian_mechanisms_epsilon() -> None:
         assert estimate == pytest.approx(exact, rel=0.05)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra",
     [
@@ -274,6 +280,7 @@ def test_the_audit_never_exceeds_the_accounted_epsilon(extra) -> None:
     assert 0 <= summary.privacy.empirical_epsilon <= summary.privacy.epsilon
 
 
+@pytest.mark.integration
 def test_the_audit_sees_the_leak_without_noise() -> None:
     """A multiplier of 1e-3 (no privacy to speak of; a multiplier of 0 is refused): the
     canaries stand out, the estimate is large, where with a multiplier of 1 it is a few
@@ -287,6 +294,7 @@ def test_the_audit_sees_the_leak_without_noise() -> None:
     assert leaky.privacy.empirical_epsilon > 50 > 3 * noised.privacy.empirical_epsilon
 
 
+@pytest.mark.integration
 def test_a_round_without_replies_keeps_the_observation() -> None:
     cfg = _private("privacy.noise_multiplier=1", "privacy.audit=4")
     algorithm = prepare(cfg).algorithm
@@ -309,6 +317,7 @@ def test_noise_far_above_the_clip_is_warned_before_round_1(sigma, warned, caplog
         assert "more clients a round" in said[0]
 
 
+@pytest.mark.integration
 def test_the_progress_line_marks_seeded_noise() -> None:
     from protofed.tracking import epsilon_text
 
