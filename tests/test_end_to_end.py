@@ -7,6 +7,9 @@ import pytest
 from protofed.config import load_config
 from protofed.runtime import prepare, simulate
 
+# whole runs on real data
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "ditto"])
 def test_uci_har_natural_clients_learn(shared_data, algorithm):

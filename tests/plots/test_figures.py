@@ -92,6 +92,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 # partition --plot -----------------------------------------------------------------------
+@pytest.mark.integration
 def test_partition_plot_draws_the_counts_matrix(tmp_path):
     prefix = tmp_path / "part"
     sets = [*SMALL, "data.num_clients=6", "data.partition=dirichlet", "data.alpha=0.3"]
@@ -155,6 +156,7 @@ def test_partition_plot_shows_each_clients_domain(shared_data, tmp_path):
 
 
 # eval.keep_prototypes_every --------------------------------------------------------------
+@pytest.mark.integration
 def test_kept_prototypes_have_the_runs_shapes(runs):
     fed = federation(Run(runs["fedproto"]))
     train = fed.counts_by_split()["train"]
@@ -181,6 +183,7 @@ def test_kept_prototypes_have_the_runs_shapes(runs):
         assert int(f["round"]) == 4
 
 
+@pytest.mark.integration
 def test_keeping_prototypes_changes_no_number_and_survives_resume(runs):
     plain, kept, resumed = (Run(runs[k]) for k in ("plain", "kept", "resumed"))
     assert not (runs["plain"] / "prototypes").exists()
@@ -194,6 +197,7 @@ def test_keeping_prototypes_changes_no_number_and_survives_resume(runs):
     assert sorted(read_kept(runs["kept"])[4]) == [f"client_{k}" for k in range(4)]
 
 
+@pytest.mark.integration
 def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
     """Files of two runs mixed in one folder, NaN prototypes, or an object array: named,
     never unpickled."""
@@ -224,6 +228,7 @@ def test_damaged_kept_prototypes_are_one_line(runs, tmp_path):
 
 
 # embed ----------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_embed_draws_own_and_other_clients_test_data(runs, tmp_path):
     fed = federation(Run(runs["kept"]))
     fig = embedding_figure(runs["kept"], client=1, others=2, max_points=60)
@@ -249,6 +254,7 @@ def test_embed_draws_own_and_other_clients_test_data(runs, tmp_path):
     assert (tmp_path / "protos.png").stat().st_size > 1000
 
 
+@pytest.mark.integration
 def test_embed_prototypes_of_a_run_that_kept_none_is_one_line_exit_2(runs):
     result = runner.invoke(app, ["embed", str(runs["plain"]), "--prototypes"])
     text = (result.stderr or result.output).strip()
@@ -289,6 +295,7 @@ def test_activities_and_channels_mean_the_same_across_har_sets():
     )
 
 
+@pytest.mark.integration
 def test_embed_other_data_draws_one_user_of_another_har_set(tmp_path, shared_data):
     """FedAli's Fig. 4: an HHAR client's model embeds its own test windows and one UCI-HAR
     user's windows (the activities both sets have, labelled as the run's classes)."""
@@ -345,6 +352,7 @@ def test_hart_pooled_output_is_the_encoder_before_its_embedding_layer():
     torch.testing.assert_close(embed(model, x), expected)
 
 
+@pytest.mark.integration
 def test_embed_in_a_combined_federation_figs_4_and_5(tmp_path, shared_data):
     """In a federation of HHAR and WISDM users: an HHAR client's model on a WISDM client's
     test data (Fig. 4, `--with`), and each client's own model on its own training data
@@ -439,6 +447,7 @@ def _bands(ax) -> int:
     return sum(isinstance(c, PolyCollection) for c in ax.collections)
 
 
+@pytest.mark.integration
 def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
     """--label, --band none, --title '', --style paper: the legend holds only the given
     labels, no band, the evaluated rounds as ticks, no title; the caption says the band."""
@@ -477,6 +486,7 @@ def test_report_plot_labels_bands_ticks_and_no_title(seeded, tmp_path):
         plt.close(f)
 
 
+@pytest.mark.integration
 def test_bands_default_to_std_for_two_seeds_and_stay_inside_the_means(seeded):
     """auto is ±1 std for n = 2 (one PolyCollection per group and panel); ci draws the t
     band, yet the axes still show the curves, not a band 12.7 s wide."""
@@ -502,6 +512,7 @@ def test_bands_default_to_std_for_two_seeds_and_stay_inside_the_means(seeded):
     np.testing.assert_allclose(high - mean, values.std(0, ddof=1))
 
 
+@pytest.mark.integration
 def test_labels_are_short_and_never_a_path(seeded):
     """Without --label: the run folders' entry names; from config keys: their last parts,
     a switch as on/off, a path as its file name. A label that names no group is an error."""
@@ -541,6 +552,7 @@ def test_labels_are_short_and_never_a_path(seeded):
         relabel(groups, {"fedavg": "/srv/lab/runs/fedavg"})
 
 
+@pytest.mark.integration
 def test_paper_style_sizes_a_column_and_plain_log_ticks(seeded, tmp_path):
     """paper: 3.3 in wide, 8-9 pt text, TrueType fonts in the PDF; the loss axis has plain
     tick labels; the style is an rc context: matplotlib's rcParams are left as they were."""
@@ -644,6 +656,7 @@ def test_a_bad_style_or_a_style_without_plot_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "p.png").exists()
 
 
+@pytest.mark.integration
 def test_embed_takes_the_reports_styles_and_title(runs, tmp_path):
     """embed and embed --prototypes in the paper styles: the width, 8-9 pt text and both
     files read back; the legend below the map; --title replaces the title, '' drops it."""
@@ -689,6 +702,7 @@ def _legend_colors(fig) -> dict[str, str]:
     return out
 
 
+@pytest.mark.integration
 def test_a_label_keeps_its_colour_in_every_figure_and_apart_from_the_group_order(seeded):
     """A group's colour is its label's, in the curves, the clients' boxes and pers. vs gen.;
     the order the groups come in changes no colour; two labels have two dash styles."""
@@ -726,6 +740,7 @@ def test_a_label_keeps_its_colour_in_every_figure_and_apart_from_the_group_order
         plt.close(f)
 
 
+@pytest.mark.integration
 def test_panels_choose_the_curves_and_an_unknown_one_is_one_line(seeded, tmp_path):
     import matplotlib.pyplot as plt
 
@@ -764,6 +779,7 @@ def test_round_ticks_are_evaluated_rounds_thinned_from_the_last():
     assert round_ticks([1, 2, 3, 4, 5, 6, 7], 3) == [1, 4, 7]
 
 
+@pytest.mark.integration
 def test_the_title_names_a_band_only_where_one_is_drawn(seeded):
     """n = 1 per group: no band drawn, none named; n = 2: the band and n in the title."""
     import matplotlib.pyplot as plt
