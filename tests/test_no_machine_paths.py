@@ -119,6 +119,7 @@ def png_text(data: bytes) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.integration
 def test_pdf_text_reads_what_matplotlib_draws(tmp_path):
     """The scanner finds a path in a legend in both of matplotlib's PDF font types."""
     import matplotlib

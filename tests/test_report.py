@@ -22,6 +22,9 @@ from protofed.config import load_config
 from protofed.report import PRINTED, cells, collect, group_runs, summarize, to_csv, to_markdown
 from protofed.runtime import start
 
+# every test reports on runs it makes first (real data)
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 ALGORITHMS = ("fedavg", "local")
 SEEDS = (0, 1)
