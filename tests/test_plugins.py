@@ -125,6 +125,7 @@ def _protofed(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
     listed = _protofed(installed, "list", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
@@ -160,6 +161,7 @@ def test_an_installed_plugin_is_listed_and_runs(installed, tmp_path) -> None:
     assert summary["final"]["personalization"]["acc"] > 0.5  # four separable classes
 
 
+@pytest.mark.integration
 def test_without_the_plugin_its_names_are_unknown(tmp_path) -> None:
     run = subprocess.run(
         [str(BIN / "protofed"), "run", "-s", "algorithm.name=halfstep", "--out", "r"],
@@ -227,6 +229,7 @@ def twice_data(cfg):
             table.pop("twice_run", None)
 
 
+@pytest.mark.integration
 def test_a_part_this_process_registered_stops_a_sweep_and_flower_before_they_start(tmp_path):
     """An algorithm a script registers is known to this process only: a sweep's runs and
     Flower's nodes, new processes, could not load it, so both refuse it up front and write
@@ -257,6 +260,7 @@ def test_a_part_this_process_registered_stops_a_sweep_and_flower_before_they_sta
         ALGORITHMS.pop("my_step")
 
 
+@pytest.mark.integration
 def test_an_installed_plugin_imported_by_hand_is_visible_elsewhere(installed, monkeypatch):
     """A plugin's module imported directly (not through its entry point) still reaches new
     processes: the check asks a fresh interpreter rather than guessing from names."""
