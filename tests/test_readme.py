@@ -75,6 +75,7 @@ def test_the_readme_is_short_and_speaks_of_no_machine_of_ours() -> None:
         assert (ROOT / target).exists(), target
 
 
+@pytest.mark.integration
 def test_every_readme_command_runs(tmp_path: Path) -> None:
     commands = readme_commands()
     run = [argv for argv in commands if argv[0] not in NOT_RUN]
@@ -101,6 +102,7 @@ def test_every_readme_command_runs(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "har" / "report.md").exists()
 
 
+@pytest.mark.integration
 def test_the_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import protofed
 

@@ -40,6 +40,7 @@ def test_every_tutorial_is_tested_and_has_a_page() -> None:
         assert f"({name}.md)" in index
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(WRITES))
 def test_tutorial_runs_small(name: str, shared_data: Path, tmp_path: Path) -> None:
     env = {
