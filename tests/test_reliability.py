@@ -89,6 +89,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 # 1. a resume that cannot lie -----------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
@@ -109,6 +110,7 @@ def test_resume_refuses_an_edited_config(tmp_path, key, value, named):
     assert _snapshot(run) == before  # nothing rewritten
 
 
+@pytest.mark.integration
 def test_resume_refuses_changed_data_and_another_protofed_version(tmp_path):
     X = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
     y = np.arange(300) % 3
@@ -124,6 +126,7 @@ def test_resume_refuses_changed_data_and_another_protofed_version(tmp_path):
     _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "protofed 0.0.1 ->")
 
 
+@pytest.mark.integration
 def test_a_corrupt_metrics_record_is_refused_and_nothing_rewritten(tmp_path):
     run = _killed_run(tmp_path / "run", 3)
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
@@ -136,6 +139,7 @@ def test_a_corrupt_metrics_record_is_refused_and_nothing_rewritten(tmp_path):
     assert _snapshot(run) == before
 
 
+@pytest.mark.integration
 def test_a_truncated_record_the_checkpoint_covers_is_refused(tmp_path):
     run = _killed_run(tmp_path / "run", 3)
     text = (run / "metrics.jsonl").read_bytes()
@@ -143,6 +147,7 @@ def test_a_truncated_record_the_checkpoint_covers_is_refused(tmp_path):
     _one_error_line(runner.invoke(app, ["run", "--resume", str(run)]), "metrics.jsonl")
 
 
+@pytest.mark.integration
 def test_a_torn_tail_beyond_the_checkpoint_is_cut_and_the_numbers_hold(tmp_path):
     whole = runner.invoke(app, ["run", "--out", str(tmp_path / "whole"), *_sets(SMALL)])
     assert whole.exit_code == 0, whole.output
@@ -161,6 +166,7 @@ def test_a_torn_tail_beyond_the_checkpoint_is_cut_and_the_numbers_hold(tmp_path)
     ]
 
 
+@pytest.mark.integration
 def test_a_corrupt_checkpoint_is_one_line_that_never_suggests_unpickling(tmp_path):
     run = _killed_run(tmp_path / "run", 2)
     data = bytearray((run / "checkpoint.pt").read_bytes())
@@ -197,6 +203,7 @@ def _fingerprint_not_a_mapping(ckpt: dict) -> None:
     ckpt["fingerprint"] = [1]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
@@ -221,6 +228,7 @@ def test_an_edited_checkpoint_is_one_line_and_resumes_nothing(tmp_path, edit, na
     assert _snapshot(run) == before
 
 
+@pytest.mark.integration
 def test_a_model_is_not_loaded_from_an_edited_checkpoint(tmp_path):
     run = _killed_run(tmp_path / "run")
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
@@ -230,6 +238,7 @@ def test_a_model_is_not_loaded_from_an_edited_checkpoint(tmp_path):
         load_run(run).client_model(0)
 
 
+@pytest.mark.integration
 def test_one_process_per_run_directory(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, **FLOWER_ENV}
@@ -362,6 +371,7 @@ def test_a_diverging_run_stops_with_its_own_status_and_exit_code(tmp_path):
     assert json.loads((out / "summary.json").read_text()) == summary
 
 
+@pytest.mark.integration
 def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 6)).astype(np.float32)
@@ -474,6 +484,7 @@ def test_labels_outside_the_classes_of_a_data_file_are_one_line(shared_data, tmp
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_a_last_batch_of_one_that_batchnorm_cannot_train_on_is_refused_up_front(tmp_path):
     """resnet18 on 8x8 digits ends in 1x1 maps: a batch of one sample gives BatchNorm one
     value per channel. 315 training samples in batches of 157 leave one; before, the run
@@ -495,6 +506,7 @@ def test_out_on_a_file_and_on_a_read_only_place_are_one_line(tmp_path):
         _one_error_line(result, "/sys/protofed-run")
 
 
+@pytest.mark.integration
 def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path):
     """A file-size limit (RLIMIT_FSIZE) makes the kernel fail writes past it, as a full
     disk does: the round-1 checkpoint (about 6 kB) cannot be written."""
@@ -579,6 +591,7 @@ def _where(pid: int) -> str:
     return "threads " + ", ".join(threads)
 
 
+@pytest.mark.integration
 def test_sigterm_stops_a_run_resumably(tmp_path):
     out = tmp_path / "run"
     cmd = [str(BIN / "protofed"), "run", "-q", *_sets([*SMALL, "train.rounds=60"])]
@@ -630,6 +643,7 @@ STOPPED = (
 """What follows the stop notice: the CLI's line, or `StopDeadline`'s when it gave up."""
 
 
+@pytest.mark.integration
 def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(tmp_path):
     """One Ctrl-C while the clients train: before, the session waited for them to reply
     (68.6 s with two busy loops on the 2 cores); now it is interrupted at once 2 s after the
@@ -654,6 +668,7 @@ def test_ctrl_c_on_the_flower_engine_exits_within_seconds_and_leaves_no_process(
     _one_error_line(result, "flower-simulation engine", "cannot resume")
 
 
+@pytest.mark.integration
 def test_a_second_ctrl_c_on_the_flower_engine_is_one_line_and_no_traceback(tmp_path):
     """The second Ctrl-C while the clients train (Flower's threads wait on Ray's actors):
     before, Flower logged each call's `ActorDiedError` with its traceback, and the process
@@ -678,6 +693,7 @@ def test_a_second_ctrl_c_on_the_flower_engine_is_one_line_and_no_traceback(tmp_p
     assert not _left(tree, 10)
 
 
+@pytest.mark.integration
 def test_a_killed_flower_run_leaves_no_process(tmp_path):
     """SIGKILL cannot be handled: the watchdog (flower/reaper.py) kills Ray's processes."""
     run, tree = _start_flower_run(tmp_path / "run", rounds=500)
@@ -690,6 +706,7 @@ def test_a_killed_flower_run_leaves_no_process(tmp_path):
     assert not left, [(p.pid, p.name()) for p in left]
 
 
+@pytest.mark.integration
 def test_a_failed_flower_round_is_one_line(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
@@ -731,6 +748,7 @@ def _flip_a_tensor_bit(path: Path, bit: int, entry: int = -1) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("bit", [0, 23], ids=["mantissa", "exponent"])
 def test_a_flipped_bit_in_a_checkpoint_is_one_line_naming_it(tmp_path, bit):
     """Before checksums, one flipped bit resumed silently to other numbers (exit 0)."""
@@ -745,6 +763,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_one_line_naming_it(tmp_path, bit):
         load_run(run).client_model(0)
 
 
+@pytest.mark.integration
 def test_a_checkpoint_written_before_checksums_still_resumes(tmp_path):
     run = _killed_run(tmp_path / "run", 2)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
@@ -781,6 +800,7 @@ def _flip_a_safetensors_bit(path: Path, bit: int) -> str:
     return name
 
 
+@pytest.mark.integration
 def test_a_flipped_bit_in_a_pretrain_state_is_one_line_naming_it(shared_data, tmp_path):
     """Before checksums, one flipped bit resumed with 124 of 125 tensors different, and 50
     flipped bytes ended in `pretrain diverged ... lower pretrain.lr`."""
@@ -831,6 +851,7 @@ def _limited(limit: int, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("limit", "workers", "named"),
     [(120 * 1024, 1, "checkpoint.pt"), (100 * 1024, 2, "train.workers")],
@@ -905,6 +926,7 @@ def test_a_boolean_or_a_string_is_not_a_number(tmp_path, override, key):
     assert load_config(None, ["train.lr=1e-3"]).train.lr == 0.001
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("text", ["[]", '{"clients": {"0": 1}}', '{"counts": "x"}'])
 def test_a_partition_json_not_as_written_is_refused_by_resume_and_report(tmp_path, text):
     """A partition.json holding a list passed `--resume` and `report`."""
@@ -959,6 +981,7 @@ def test_provenance_records_a_killed_session_and_the_resume(tmp_path):
 # 6. what a resume verifies and restores, and what load_run checks -----------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("text", ["{not json", '{"sessions": 3}', '{"sessions": [1]}'])
 def test_a_resume_refused_for_its_provenance_touches_nothing(tmp_path, text):
     """A damaged provenance.json was refused only once the torn tail of metrics.jsonl had
@@ -972,6 +995,7 @@ def test_a_resume_refused_for_its_provenance_touches_nothing(tmp_path, text):
     assert _snapshot(run) == before
 
 
+@pytest.mark.integration
 def test_the_temporary_of_a_killed_checkpoint_write_is_removed_on_resume(tmp_path):
     """A SIGKILL while checkpoint.pt was written left `.checkpoint.pt.*.tmp` (the size of a
     checkpoint) that no resume removed; a refused resume still touches nothing."""
@@ -999,6 +1023,7 @@ def test_the_temporary_of_a_killed_checkpoint_write_is_removed_on_resume(tmp_pat
     assert not list(run.glob(".*.tmp"))
 
 
+@pytest.mark.integration
 def test_a_deleted_partition_json_is_restored_and_an_edited_one_refused(tmp_path):
     """A deleted partition.json stayed deleted through a resume (and load_run failed); an
     edited one (still valid JSON) was kept. Now the checkpoint records its sha256."""

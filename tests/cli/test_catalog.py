@@ -108,6 +108,7 @@ def _fake_plugin(site: Path) -> Path:
     return site
 
 
+@pytest.mark.integration
 def test_with_a_plugin_the_lines_are_kept_in_the_user_cache(tmp_path):
     """With a plugin installed the first `protofed list` imports the registries and keeps its
     lines; the next prints the same from the cache without torch; a listing kept under

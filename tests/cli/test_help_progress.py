@@ -41,6 +41,7 @@ def test_help_prose_wraps_on_words_at_the_terminal_width(command: list[str], wid
             assert len(line) + 1 + len(after.split()[0]) > width - 2, (line, after)
 
 
+@pytest.mark.integration
 def test_a_run_without_a_terminal_prints_a_line_from_round_one(tmp_path) -> None:
     """stdout and stderr pipes (a log file, a scheduler): round 1 gets a plain line though it
     is not evaluated, the evaluated rounds their lines with scores."""
@@ -93,6 +94,7 @@ def test_unevaluated_rounds_get_a_line_at_most_every_interval() -> None:
     assert printed[0] == "round 1/100  loss 0.5000  2.0 s/round  ETA 3m18s"
 
 
+@pytest.mark.integration
 def test_the_summary_names_a_scoring_protocol_away_from_the_default(tmp_path) -> None:
     """summary.json's `scoring` and the printed summary's line name the eval.* keys that
     change how the scores are computed; a run at the defaults has neither."""
