@@ -119,6 +119,7 @@ def killed_run(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.integration
 @FUZZ
 @given(mutation=mutations, suffix=st.sampled_from(["npz", "csv"]))
 def test_mutated_data_files(tmp_path_factory, files, mutation, suffix):
@@ -131,6 +132,7 @@ def test_mutated_data_files(tmp_path_factory, files, mutation, suffix):
     check(runner.invoke(app, [*args, *label, *TINY]), out)
 
 
+@pytest.mark.integration
 @FUZZ
 @given(mutation=mutations)
 def test_mutated_configs(tmp_path_factory, files, mutation):

@@ -964,6 +964,7 @@ def test_a_signal_after_the_summary_is_written_ends_the_run_complete(tmp_path, m
     assert doc["sessions"][-1]["outcome"] == "complete" and doc["end"] is not None
 
 
+@pytest.mark.integration
 def test_provenance_records_a_killed_session_and_the_resume(tmp_path):
     """A SIGKILLed session kept `outcome: running, end: null` after the resume finished."""
     run = _killed_run(tmp_path / "run", 2)

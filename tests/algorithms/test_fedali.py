@@ -364,6 +364,7 @@ def test_kmeans_on_identical_clients_returns_their_mean() -> None:
         assert torch.allclose(new["model"][k], reply["model"][k], atol=1e-6)
 
 
+@pytest.mark.integration
 def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_mean() -> None:
     model = _model()
     algo = build_algorithm("fedali", {"kmeans_iters": 1}, _setting(model))
@@ -386,6 +387,7 @@ def test_server_weights_are_the_sample_weighted_mean_and_centroids_start_at_the_
     assert (glob - start).norm(dim=1).max() <= (r0[local] - r1[local]).norm(dim=1).max() + 1e-4
 
 
+@pytest.mark.integration
 def test_torch_and_sklearn_server_kmeans_give_the_same_global_prototypes() -> None:
     """The server step with `kmeans_backend` torch (default) and sklearn (float64) on three
     clients' trained banks: the same global prototypes to float32 rounding."""

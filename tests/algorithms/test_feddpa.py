@@ -190,6 +190,7 @@ def test_absent_classes_keep_their_previous_global_prototype() -> None:
 
 
 # end to end on real data ------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_short_run_on_uci_har_aligns_and_reports_a_global_model(shared_data) -> None:
     assert ALGORITHMS["feddpa"] is FedDPA and FedDPA.has_global_model
     cfg = load_config(

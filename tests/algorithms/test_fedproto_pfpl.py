@@ -345,6 +345,7 @@ def _run(tmp_path, shared_data, name: str, **overrides) -> tuple[Summary, dict]:
     return summary, group_scores(tmp_path / name, "final")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["fedproto", "pfpl"])
 def test_runs_end_to_end_on_office_caltech_domains(tmp_path, shared_data, name: str) -> None:
     summary, by_domain = _run(tmp_path, shared_data, name)

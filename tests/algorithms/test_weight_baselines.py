@@ -320,6 +320,7 @@ def test_fedprox_large_mu_stays_near_the_global_model(clients_data) -> None:
 
 
 # FedPer and FedRep ---------------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("cls", PERSONAL_HEAD)
 def test_head_stays_local_body_is_shared(cls, clients_data) -> None:
     model = make_model()

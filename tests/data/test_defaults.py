@@ -131,6 +131,7 @@ def test_config_yaml_stores_the_data_root_absolute(office_root, tmp_path, monkey
     assert stored["data"]["dir"] == str(office_root)
 
 
+@pytest.mark.integration
 def test_resume_reads_data_from_data_dir_when_the_root_moved(office_root, tmp_path, monkeypatch):
     monkeypatch.delenv("PROTOFED_DATA", raising=False)
     out = tmp_path / "run"

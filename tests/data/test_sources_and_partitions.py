@@ -455,6 +455,7 @@ def test_natural_on_uci_har(real):
         build_federated(DataConfig(name="uci_har", partition="natural", num_clients=31), 0, ds)
 
 
+@pytest.mark.integration
 @pytest.mark.shared_data
 def test_mixed_on_digits_domains(real):
     ds = real("digits_domains")

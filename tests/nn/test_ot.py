@@ -27,6 +27,7 @@ def _swav_numpy(scores: np.ndarray, epsilon: float, iterations: int) -> np.ndarr
     return q
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("log_domain", [True, False])
 def test_marginals_are_uniform_after_enough_iterations(log_domain: bool) -> None:
     scores = _cosines(4, 40, 25)  # a batch of four problems

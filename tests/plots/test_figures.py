@@ -133,6 +133,7 @@ def test_partition_plot_of_a_large_federation_has_no_numbers(tmp_path):
     assert np.asarray(ax.images[0].get_array()).shape == (120, 10)
 
 
+@pytest.mark.integration
 def test_partition_plot_shows_each_clients_domain(shared_data, tmp_path):
     sets = [
         "data.name=office_caltech",
@@ -614,6 +615,7 @@ def _check_paper_files(prefix: Path, width: float) -> set[float]:
     return sizes
 
 
+@pytest.mark.integration
 def test_partition_plot_takes_the_reports_styles_and_title(tmp_path):
     """--style paper: a 3.3 in column, 8 pt labels and a 9 pt title read back from the PDF,
     a 300 dpi PNG; paper-wide 7 in; --title '' none; the same keywords in Python."""

@@ -104,6 +104,7 @@ def test_a_private_nodes_discovery_header_holds_no_statistics(node) -> None:
     assert "clients" not in info["federation"] and "counts" not in info["federation"]
 
 
+@pytest.mark.integration
 def test_a_private_nodes_fit_reply_is_noised_and_counts_a_constant(node) -> None:
     cfg, node_config = node
     algorithm = prepare(cfg).algorithm
@@ -119,6 +120,7 @@ def test_a_private_nodes_fit_reply_is_noised_and_counts_a_constant(node) -> None
     assert set(reply.content.config_records) == set()
 
 
+@pytest.mark.integration
 def test_a_private_node_refuses_to_send_its_evaluation_counts(node) -> None:
     cfg, node_config = node
     algorithm = prepare(cfg).algorithm
@@ -140,6 +142,7 @@ def test_a_private_deployment_is_refused_unless_the_evaluation_is_accepted() -> 
         deploy(seeded, None, 1, 0.0)  # type: ignore[arg-type]
 
 
+@pytest.mark.integration
 def test_personal_weights_leave_a_private_node_only_in_a_simulation(node) -> None:
     """Evaluation mode 'weights' sends a client's personal model to the server: in a
     simulation that is the evaluator's own process tree (it holds every client's data); a

@@ -75,6 +75,7 @@ def _numbers(summary: Summary) -> dict:
     return {k: v for k, v in summary.to_json().items() if k != "time"}
 
 
+@pytest.mark.integration
 def test_a_run_killed_rounds_after_its_last_checkpoint_resumes_to_the_uninterrupted_numbers(
     tmp_path, monkeypatch
 ):

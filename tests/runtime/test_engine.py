@@ -395,6 +395,7 @@ def test_every_algorithms_checkpoint_passes_the_resume_check(name, tmp_path, req
     assert states_fault(ckpt, initial, loop.algorithm.setting.init_model) is None
 
 
+@pytest.mark.integration
 def test_an_algorithm_that_breaks_the_checkpoint_contract_fails_in_its_first_round(tmp_path):
     """Not at a resume hours later: a server record it starts with and then drops."""
     import protofed

@@ -138,6 +138,7 @@ def test_trained_model_is_the_model_the_client_holds_after_training(name):
     assert all(torch.equal(trained[k], workspace[k]) for k in workspace), name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", NOT_THE_WORKSPACE)
 def test_trained_model_of_the_other_methods_is_their_personalized_model_after_training(name):
     """Their personalized model built from what training left (the default hook, no override)."""
