@@ -77,6 +77,7 @@ def test_fixed_size_sampling_is_accounted_as_sampling_without_replacement() -> N
     assert accounting.epsilon(cfg, 10, 10, 2.0, 20) == full.get_epsilon(1e-5)
 
 
+@pytest.mark.integration
 def test_epsilon_grows_with_rounds_and_is_infinite_without_noise() -> None:
     cfg = PrivacyConfig(enabled=True, noise_multiplier=1.0)
     spent = [accounting.epsilon(cfg, 30, 10, 1.0, r) for r in (0, 1, 5, 25)]
@@ -97,6 +98,7 @@ def _fresh_epsilon(cfg: PrivacyConfig, event: dp_event.DpEvent, rounds: int) -> 
     return theirs.compose(dp_event.SelfComposedDpEvent(event, rounds)).get_epsilon(1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("settings_", "event", "asked"),
     [
@@ -138,6 +140,7 @@ def test_each_rounds_epsilon_is_a_fresh_dp_accounting_computations(settings_, ev
     assert [again.epsilon(r) for r in sorted(asked)] == [spent[r] for r in sorted(asked)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
 @pytest.mark.parametrize("target", [1.0, 4.0])
 def test_target_epsilon_calibration_lands_on_the_target(sampling, target) -> None:
@@ -181,6 +184,7 @@ def test_a_config_that_cannot_be_accounted_is_one_line(overrides, key) -> None:
 vectors = st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=12)
 
 
+@pytest.mark.integration
 @settings(max_examples=60, deadline=None)
 @given(sent=vectors, moved=vectors, bound=st.floats(1e-3, 50.0), proto=vectors)
 def test_no_clipped_contribution_exceeds_its_bound(sent, moved, bound, proto) -> None:
@@ -313,6 +317,7 @@ def _fedsub_on_har(folder, *extra: str):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("mode", "event"),
     [
@@ -351,6 +356,7 @@ def test_fedsub_runs_private_with_binary_masks_and_dp_accountings_epsilon(
 
 
 # private runs -----------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_private_run_records_epsilon_every_round(tmp_path) -> None:
     cfg = _cfg("privacy.target_epsilon=4", "train.clients_per_round=3")
     loop = start(cfg, tmp_path / "run")
@@ -366,6 +372,7 @@ def test_a_private_run_records_epsilon_every_round(tmp_path) -> None:
     assert all(line["train_loss"] is None for line in lines)  # the loss is not sent
 
 
+@pytest.mark.integration
 def test_a_private_run_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
     overrides = [
         "privacy.noise_multiplier=0.8",
@@ -390,6 +397,7 @@ def test_a_private_run_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
     assert resumed.final == whole.final and resumed.privacy == whole.privacy
 
 
+@pytest.mark.integration
 def test_a_poisson_round_that_draws_nobody_leaves_the_model() -> None:
     cfg = _cfg(
         "privacy.noise_multiplier=1",
@@ -452,6 +460,7 @@ def test_clipping_alone_without_noise_changes_the_model(tmp_path) -> None:
     assert all("privacy.enabled" in w for w in clipped.warnings if "never beat chance" in w)
 
 
+@pytest.mark.integration
 def test_the_cli_refuses_an_unaccountable_config_in_one_line(tmp_path) -> None:
     import subprocess
     import sys
