@@ -89,6 +89,7 @@ def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.integration
 def test_run_then_report(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert runner.invoke(app, ["run", "--out", str(a), *SMALL]).exit_code == 0
@@ -155,6 +156,7 @@ def test_list_names_every_part():
         assert rows[name] == text, name
 
 
+@pytest.mark.integration
 def test_entry_point_exit_code(tmp_path):
     proc = subprocess.run(
         [
@@ -174,6 +176,7 @@ def test_entry_point_exit_code(tmp_path):
     assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_bring_your_own_table_end_to_end(tmp_path):
     """A CSV the library has never seen: natural clients from its group column."""
     import numpy as np
@@ -256,6 +259,7 @@ def _kill_at(stop: int):
     return Killed, kill
 
 
+@pytest.mark.integration
 def test_a_natural_partition_records_the_clients_it_built_and_resumes(tmp_path):
     """5 groups, data.num_clients left at 10: config.yaml says 5 (and so does the summary);
     killed after its checkpoint, it resumes; a run written before (config.yaml and the
@@ -324,6 +328,7 @@ def test_the_cli_starts_without_the_heavy_packages():
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
 
 
+@pytest.mark.integration
 def test_fedavgs_generalization_shows_no_spread(tmp_path):
     """Every FedAvg client holds the same model: its generalization score has no spread
     across clients, so the summary says "(one model)" instead of "± 0.00"."""
