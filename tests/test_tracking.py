@@ -104,6 +104,7 @@ def cli_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, done
 
 
+@pytest.mark.integration
 def test_tensorboard_scalars_are_the_metrics_of_each_round(cli_run):
     out, _ = cli_run
     assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
@@ -137,6 +138,7 @@ def test_a_cli_run_records_its_command_and_no_data_file_for_digits(cli_run):
     assert prov["end"] == prov["sessions"][0]["end"]
 
 
+@pytest.mark.integration
 def test_the_progress_bar_shows_eta_loss_and_score_when_forced_on(tmp_path, monkeypatch):
     monkeypatch.setenv("PROTOFED_PROGRESS", "1")
     out = tmp_path / "run"
@@ -179,6 +181,7 @@ def _utc(stamp: str) -> dt.datetime:
     return dt.datetime.fromisoformat(stamp[:-1] + "+00:00")
 
 
+@pytest.mark.integration
 def test_provenance_across_a_resume_with_tensorboard(tmp_path, shared_data):
     """Killed after round 3 of 4 (checkpoint at 2), resumed from the CLI: two sessions, the data
     file's sha256, the installed versions, and each round once in TensorBoard."""
@@ -277,6 +280,7 @@ def _no_tracking_server(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.mark.integration
 def test_log_mlflow_writes_the_rounds_the_config_and_the_summary(tmp_path):
     """`--log mlflow`: a local store in RUN/mlruns/ whose run holds each round's scalars
     under TensorBoard's tags, equal to metrics.jsonl, the config as flattened params and
@@ -313,6 +317,7 @@ def test_log_mlflow_writes_the_rounds_the_config_and_the_summary(tmp_path):
     assert params["model.hidden"] == "[16]" and params["algorithm.name"] == "fedavg"
 
 
+@pytest.mark.integration
 def test_a_resumed_run_logs_into_the_same_mlflow_run(tmp_path):
     """Killed after round 3 (checkpoint at 2), resumed: one MLflow run, each round logged
     by the session that ran it (round 3 twice, as documented)."""
@@ -350,6 +355,7 @@ TINY = {
 }
 
 
+@pytest.mark.integration
 def test_runs_under_one_root_share_one_mlflow_store(tmp_path, monkeypatch):
     """Two runs under one folder: one store beside them (ROOT/mlruns/), one experiment, one
     MLflow run each; $MLFLOW_TRACKING_URI moves a run elsewhere."""
@@ -381,6 +387,7 @@ def test_runs_under_one_root_share_one_mlflow_store(tmp_path, monkeypatch):
     assert [r.info.run_name for r in found] == ["c"]
 
 
+@pytest.mark.integration
 def test_a_sweep_logs_every_run_into_one_mlflow_store(tmp_path):
     """`protofed sweep --log mlflow`, two runs at a time in nested folders: one store in the
     sweep's --out, one MLflow run per run, each FINISHED."""
@@ -442,6 +449,7 @@ def _wandb_records(path: Path) -> list:
     return records
 
 
+@pytest.mark.integration
 def test_log_wandb_writes_an_offline_run_of_the_rounds_and_the_summary(tmp_path):
     """`--log wandb` with no API key: an offline W&B run whose history holds each round's
     scalars under TensorBoard's tags, equal to metrics.jsonl, its config and summary."""
