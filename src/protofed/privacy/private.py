@@ -204,9 +204,13 @@ class Private(Algorithm):
         unclipped = sum(float(r.records.get(PRIVACY, {}).get(UNCLIPPED, 0.0)) for r in received)
         released = [Reply(r.client, _apart(r.records)[0], {}, 1.0) for r in received]
         source = server_noise(self.secure, self.setting.seed, server_round)
-        sent = [_apart(self.configure(server, r.client, server_round))[0] for r in released]
+        needs_sent = self.dp.cfg.mode == "central" or self.dp.cfg.audit
+        sent = [  # what each client was sent: its reply's updates are measured against it
+            _apart(self.configure(server, r.client, server_round))[0]
+            for r in (released if needs_sent else [])
+        ]
         canaries = self._canaries(released, sent, server_round, clip)
-        updates = set(split(released[0].records, sent[0]).update) if released else set()
+        updates = set(split(released[0].records, sent[0]).update) if sent else set()
         observed: dict[str, torch.Tensor] | None = {} if self.dp.cfg.audit else None
         if self.dp.cfg.mode == "central" and released:
             stds = self._stds(split(released[0].records, sent[0]).count, clip)
@@ -223,7 +227,8 @@ class Private(Algorithm):
         elif observed is not None and released:  # local: the noised replies, canaries too
             stds = self._stds(split(released[0].records, sent[0]).count, clip)
             noised = [noise_reply(c, sent[0], stds, source) for c in canaries]
-            observed.update(self._summed([r.records for r in released] + noised, sent[0]))
+            seen = [r.records for r in released] + noised
+            observed.update(self._summed(seen, sent + [sent[0]] * len(noised)))
         released = [  # binary records back as bits (mechanisms.py): post-processing
             Reply(out.client, decode_binary(out.records, binary_names(r.records)), {}, 1.0)
             for out, r in zip(released, received, strict=True)
@@ -290,12 +295,13 @@ class Private(Algorithm):
             out.append(reply)
         return out
 
-    def _summed(self, replies: list[Records], message: Records) -> dict[str, torch.Tensor]:
-        """Local mode's observation: each group of the noised replies, summed, as one vector
-        (prototype tables over every class, as the central sum)."""
-        groups = split(replies[0], message)
+    def _summed(self, replies: list[Records], messages: list[Records]) -> dict[str, torch.Tensor]:
+        """Local mode's observation: each group of the noised replies (each against what its
+        client was sent), summed, as one vector (prototype tables over every class, as the
+        central sum)."""
+        groups = split(replies[0], messages[0])
         out: dict[str, torch.Tensor] = {}
-        for reply in replies:
+        for reply, message in zip(replies, messages, strict=True):
             for name in groups.update:
                 part = flat(deltas(reply[name], message[name]))
                 out[name] = out[name] + part if name in out else part
