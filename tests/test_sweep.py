@@ -61,6 +61,7 @@ def whole(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_grid_times_seeds_runs_to_completion(whole: Path) -> None:
     for name in NAMES:
         summary = json.loads((whole / name / "summary.json").read_text())
@@ -78,6 +79,7 @@ def test_grid_times_seeds_runs_to_completion(whole: Path) -> None:
     assert f1[0] != f1[1]
 
 
+@pytest.mark.integration
 def test_rerun_skips_finished_runs_and_reports_a_locked_one(whole: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path / "spec.yaml")
     before = {n: (whole / n / "summary.json").stat().st_mtime_ns for n in NAMES}
@@ -117,6 +119,7 @@ def test_a_run_another_sweep_started_meanwhile_is_busy_not_failed(tmp_path: Path
     assert started.path.is_dir()
 
 
+@pytest.mark.integration
 def test_killed_sweep_resumes_to_the_uninterrupted_numbers(tmp_path: Path) -> None:
     """A short and a long run side by side; Ctrl-C once the short one is written. The long
     one is 25 times the short (not 7.5: on an idle machine 30 tiny rounds ended before the
@@ -191,6 +194,7 @@ def test_bad_spec_is_one_line_and_creates_nothing(tmp_path: Path, changes, expec
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_a_folder_made_from_another_spec_is_refused(whole: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path / "spec.yaml", seeds=[0, 1, 2])
     for dry in ([], ["--dry-run"]):
@@ -204,6 +208,7 @@ def test_a_folder_made_from_another_spec_is_refused(whole: Path, tmp_path: Path)
     assert "fedavg_s2  [start] algorithm.name=fedavg seed=2" in result.stdout
 
 
+@pytest.mark.integration
 def test_a_folder_from_before_a_new_config_key_still_resumes(whole: Path, tmp_path: Path) -> None:
     """A newer protofed adds config keys (eval.stacked_models, say): the record's digests of
     an unchanged spec then differ, but each run's config as written, read by this version,
