@@ -1,5 +1,6 @@
 # The two commands: `make run` (default experiment, no download) and `make test` (lint: ruff,
 # import layers, mypy over src/ at pyproject's [tool.mypy] strictness; the docs site; then the whole suite).
+# `make test-fast`: the same lint, then the suite without the tests marked `integration`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test lint docs clean
+.PHONY: install run test test-fast lint docs clean
 
 install: $(STAMP)
 
@@ -57,6 +58,13 @@ run: install
 test: lint
 	$(MAKE) docs
 	$(BIN)/python -m pytest -q
+
+# The fast tier, for the edit-test loop: lint, then every test not marked `integration` (the unit
+# tests and the small engine tests; integration = whole experiments, subprocesses, worker pools,
+# real data). No docs site. Measured: 1m14s and 1m12s on two cores
+# (other work running; pytest 65 s of it, 769 tests of 1274). `make test` still runs it all.
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not integration"
 
 # the documentation site, offline, into site/; --strict: a broken link or API object fails
 docs: $(DOCS_STAMP)
