@@ -63,9 +63,14 @@ def needs(line: str) -> str | None:
     return next((why for text, why in NEEDS.items() if text in line), None)
 
 
-def scratch(argv: list[str], folder: Path) -> list[str]:
-    """The command with its --out in `folder` and --force added."""
+def scratch(argv: list[str], folder: Path, data_dir: Path | None) -> list[str]:
+    """The command with its --out in `folder`, --force added, and the docs' placeholder
+    `--data-dir DIR` made the real data root."""
     argv = list(argv)
+    if data_dir is not None and "--data-dir" in argv:
+        i = argv.index("--data-dir")
+        if argv[i + 1 : i + 2] == ["DIR"]:
+            argv[i + 1] = str(data_dir.resolve())
     for flag in ("--out", "-o"):
         if flag in argv:
             i = argv.index(flag)
@@ -117,7 +122,11 @@ def main() -> int:
             run_dir = Path(tmp) / "run"
             t0 = time.perf_counter()
             proc = subprocess.run(
-                scratch(argv, run_dir), cwd=ROOT, env=env, capture_output=True, text=True
+                scratch(argv, run_dir, args.data_dir),
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
             )
             wall = time.perf_counter() - t0
             summary_file = run_dir / "summary.json"

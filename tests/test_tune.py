@@ -30,6 +30,7 @@ def _best_val_f1(path) -> float:
     return max(RoundRecord.from_json(x).val.f1 for x in run.dir.history())
 
 
+@pytest.mark.integration  # 6 small runs
 def test_the_choice_is_the_best_validation_score_and_seeds_report_test(tmp_path) -> None:
     space = {"train.lr": [0.001, 0.1], "train.momentum": [0.0, 0.9]}
     result = tune(resolve_config(None, **SMALL), space, tmp_path / "t", seeds=2)
