@@ -30,7 +30,8 @@ def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
     else:
         workers = resolve_workers(train, clients_per_round(train, len(prepared.fed.clients)))
         transport = InProcessTransport(prepared, workers)
-    return RoundLoop(prepared, transport, ServerSideEvaluation(prepared, transport), run_dir)
+    scoring = ServerSideEvaluation(prepared, transport, pool=transport.pool)
+    return RoundLoop(prepared, transport, scoring, run_dir)
 
 
 def recorded_count(prepared: Prepared) -> Prepared:

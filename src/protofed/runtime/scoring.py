@@ -77,9 +77,13 @@ class ServerSideEvaluation:
     """Scores the client models a transport obtains (built here from the states it keeps,
     or fetched from the clients) and the global model, on the server's copy of the data."""
 
-    def __init__(self, prepared: Prepared, transport: ClientModels) -> None:
+    def __init__(
+        self, prepared: Prepared, transport: ClientModels, pool: WorkerPool | None = None
+    ) -> None:
+        """`pool`: the engine's worker processes, which score the models where given."""
         self.prepared = prepared
         self.transport = transport
+        self.pool = pool
         self.evaluator = self._evaluator(prepared.fed)
         self._staged: tuple[int, Evaluator] | None = None
 
@@ -99,9 +103,9 @@ class ServerSideEvaluation:
 
     def evaluate(self, server: Records, server_round: int) -> RoundScores:
         """The scores of the models after `server_round` (see `Evaluator.evaluate`), on the
-        transport's worker processes where it has them (not with data.dynamic: a worker holds
+        engine's worker processes where it gave them (not with data.dynamic: a worker holds
         the whole data only; not where models predict stacked, `eval.stacked_models` > 1)."""
-        pool: WorkerPool | None = getattr(self.transport, "pool", None)
+        pool = self.pool
         evaluator = self.evaluator_for(server_round)
         use_pool = pool is not None and self.prepared.dynamic is None
         alone = evaluator.stacked_models == 1
