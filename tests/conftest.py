@@ -9,6 +9,22 @@ import pytest
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+DIGITS_SMALL = [
+    "data.name=digits",
+    "data.num_clients=6",
+    "model.hidden=[32]",
+    "train.rounds=3",
+    "train.lr=0.1",
+    "train.momentum=0.9",
+    "train.local_epochs=2",
+    "data.standardize=true",
+    "train.threads=1",
+    "train.workers=1",
+]
+"""Six digits clients, an MLP of 2,410 weights, 3 rounds: a federation that learns in seconds
+(the privacy tests run it with and without the privacy layer)."""
+
+
 def uci_har_slice(path: Path, subjects: list[int], every: int) -> Path:
     """Real UCI-HAR windows of a few subjects (natural clients), every `every`-th, total acc +
     body gyro: a federation small enough for a test. Written to `path` (.npz); returned."""

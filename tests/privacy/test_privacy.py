@@ -14,7 +14,7 @@ from dp_accounting import dp_event, pld, rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import har_slice_config, uci_har_slice
+from conftest import DIGITS_SMALL, har_slice_config, uci_har_slice
 from protofed.config import PrivacyConfig, load_config
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
@@ -32,18 +32,7 @@ from protofed.privacy.mechanisms import (
 from protofed.runtime import prepare, simulate
 from protofed.runtime.engine import resume, start
 
-DIGITS = [
-    "data.name=digits",
-    "data.num_clients=6",
-    "model.hidden=[32]",
-    "train.rounds=3",
-    "train.lr=0.1",
-    "train.momentum=0.9",
-    "train.local_epochs=2",
-    "data.standardize=true",
-    "train.threads=1",
-    "train.workers=1",
-]
+DIGITS = DIGITS_SMALL
 
 
 SAMPLED = ["train.clients_per_round=3"]  # 3 of 6 without replacement: RDP's event only
