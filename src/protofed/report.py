@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from protofed.config import build_config, flatten
-from protofed.core.caveats import NOT_A_GUARANTEE
 from protofed.core.results import ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
@@ -242,9 +241,7 @@ def run_row(
     privacy = summary.privacy
     row["epsilon"] = privacy.epsilon if privacy is not None else None
     if privacy is not None:  # what the number does not cover, and the audit's estimate
-        row["epsilon_caveats"] = "; ".join(privacy.caveats) or (
-            NOT_A_GUARANTEE if privacy.noise == "seeded" else ""
-        )
+        row["epsilon_caveats"] = "; ".join(privacy.caveats)
         row["empirical_epsilon"] = privacy.empirical_epsilon
     if domains:  # the clients' mean personalization accuracy per natural group (domain)
         if at is None or not at.clients.pers_acc:

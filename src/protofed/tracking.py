@@ -17,6 +17,7 @@ It only reads what the loop hands it, so what it shows is what metrics.jsonl hol
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
+from protofed.core.caveats import SEEDED_METRIC
 from protofed.core.results import RoundInfo, RoundRecord, Summary
 from protofed.errors import ConfigError
 
@@ -154,15 +156,15 @@ def build_loggers(kinds: Sequence[str]) -> list[Logger]:
     return loggers
 
 
-def require_tensorboard() -> None:
-    """A one-line error naming the extra to install when TensorBoard cannot be imported."""
+def require_package(kind: str, module: str) -> None:
+    """A one-line error naming the extra to install (named as `--log KIND` and its package)
+    when `module`, which `--log KIND` writes through, cannot be imported."""
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        importlib.import_module(module)
     except ImportError as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(
-            "--log tensorboard needs the tensorboard package: "
-            f"pip install 'protofed[tensorboard]' ({reason})"
+            f"--log {kind} needs the {kind} package: pip install 'protofed[{kind}]' ({reason})"
         ) from None
 
 
@@ -238,11 +240,10 @@ class RoundClock:
         return (total - server_round) * self.per_round
 
 
-def epsilon_text(epsilon: float, server: Mapping[str, Any]) -> str:
+def epsilon_text(epsilon: float, seeded: bool) -> str:
     """The privacy spent, as a progress line shows it: marked where the noise was seeded
-    (privacy.noise=seeded; the round's `noise_seeded` metric), which is no guarantee."""
-    seeded = " (seeded noise: not a guarantee)" if server.get("noise_seeded") else ""
-    return f"ε {epsilon:.3g}{seeded}"
+    (privacy.noise=seeded; the round's `SEEDED_METRIC`), which is no guarantee."""
+    return f"ε {epsilon:.3g}" + (" (seeded noise: not a guarantee)" if seeded else "")
 
 
 def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundClock) -> str:
@@ -255,7 +256,7 @@ def plain_line(server_round: int, total: int, record: RoundRecord, clock: RoundC
         if part is not None:
             parts.append(f"{label} F1 {_pct(part.f1)}")
     if record.epsilon is not None:
-        parts.append(epsilon_text(record.epsilon, record.server))
+        parts.append(epsilon_text(record.epsilon, bool(record.server.get(SEEDED_METRIC))))
     per = clock.per_round
     parts.append(f"{per:.1f} s/round" if per >= 1 else f"{per:.2f} s/round")
     parts.append(f"ETA {duration(clock.eta_s(server_round, total))}")
@@ -272,7 +273,7 @@ class TensorBoardLog:
     """
 
     def __init__(self, folder: Path, first_round: int) -> None:
-        require_tensorboard()
+        require_package("tensorboard", "torch.utils.tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
         if first_round <= 1 and folder.is_dir():
@@ -300,7 +301,7 @@ class TensorBoardLogger:
     def __init__(self, value: str | None = None) -> None:
         if value is not None:
             raise ConfigError(f"--log tensorboard takes no value (got tensorboard={value})")
-        require_tensorboard()
+        require_package("tensorboard", "torch.utils.tensorboard")
         self.log: TensorBoardLog | None = None
 
     def start(self, run: RunStart) -> None:
@@ -314,17 +315,6 @@ class TensorBoardLogger:
         if self.log is not None:
             self.log.close()
             self.log = None
-
-
-def require_mlflow() -> None:
-    """A one-line error naming the extra to install when MLflow cannot be imported."""
-    try:
-        import mlflow  # noqa: F401
-    except ImportError as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(
-            f"--log mlflow needs the mlflow package: pip install 'protofed[mlflow]' ({reason})"
-        ) from None
 
 
 def mlflow_store(root: Path) -> str:
@@ -433,7 +423,7 @@ class MlflowLogger:
     def __init__(self, value: str | None = None) -> None:
         if value is not None and not value:
             raise ConfigError("--log mlflow=URI: the URI is empty")
-        require_mlflow()
+        require_package("mlflow", "mlflow")
         self.uri = value
         self.client: Any = None
         self.run_id: str | None = None
@@ -529,17 +519,6 @@ WANDB_RUN = "wandb_run.json"
 resumed run goes on logging into the same W&B run."""
 
 
-def require_wandb() -> None:
-    """A one-line error naming the extra to install when wandb cannot be imported."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(
-            f"--log wandb needs the wandb package: pip install 'protofed[wandb]' ({reason})"
-        ) from None
-
-
 def wandb_mode() -> str:
     """$WANDB_MODE when set; else "online" where an API key is configured ($WANDB_API_KEY,
     or `wandb login`'s entry in ~/.netrc for $WANDB_BASE_URL), else "offline": a machine
@@ -576,7 +555,7 @@ class WandbLogger:
     def __init__(self, value: str | None = None) -> None:
         if value is not None and not value:
             raise ConfigError("--log wandb=PROJECT: the project is empty")
-        require_wandb()
+        require_package("wandb", "wandb")
         self.project = value
         self.run: Any = None
 
@@ -690,7 +669,7 @@ class Tracking:
         round_s = self.clock.tick()
         self.loss = _number(info.train_loss)
         self.epsilon = _number(info.server.get("epsilon"))
-        self.seeded = bool(info.server.get("noise_seeded"))
+        self.seeded = bool(info.server.get(SEEDED_METRIC))
         if record is not None:
             self.pers_f1 = _number(record.personalization.f1)
         if self.loggers:
@@ -708,8 +687,7 @@ class Tracking:
     def status(self) -> str:
         """The latest train loss and personalization F1, for a progress bar."""
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
-        seeded = {"noise_seeded": 1.0} if self.seeded else {}
-        spent = "" if self.epsilon is None else f"  {epsilon_text(self.epsilon, seeded)}"
+        spent = "" if self.epsilon is None else f"  {epsilon_text(self.epsilon, self.seeded)}"
         return f"loss {loss}  pers F1 {_pct(self.pers_f1)}{spent}"
 
     def finish(self, summary: Summary | None) -> None:

@@ -14,6 +14,7 @@ from dp_accounting import dp_event, rdp
 from opacus.accountants import PRVAccountant, RDPAccountant
 from scipy.stats import norm
 
+from conftest import DIGITS_SMALL
 from protofed.config import PrivacyConfig, load_config
 from protofed.core.seeding import PRIVACY_SERVER, sample_clients, torch_generator
 from protofed.errors import ConfigError
@@ -23,19 +24,7 @@ from protofed.privacy.entropy import NOT_A_GUARANTEE, SeededNoise
 from protofed.privacy.private import COUNT_SENSITIVITY, PRIVACY, UNCLIPPED
 from protofed.runtime import prepare, simulate
 
-DIGITS = [
-    "data.name=digits",
-    "data.num_clients=6",
-    "model.hidden=[32]",
-    "train.rounds=3",
-    "train.lr=0.1",
-    "train.momentum=0.9",
-    "train.local_epochs=2",
-    "data.standardize=true",
-    "train.threads=1",
-    "train.workers=1",
-    "eval.every=3",
-]
+DIGITS = [*DIGITS_SMALL, "eval.every=3"]
 
 
 def _private(*extra: str):
@@ -319,6 +308,7 @@ def test_noise_far_above_the_clip_is_warned_before_round_1(sigma, warned, caplog
 
 @pytest.mark.integration
 def test_the_progress_line_marks_seeded_noise() -> None:
+    from protofed.core.caveats import SEEDED_METRIC
     from protofed.tracking import epsilon_text
 
     seeded = simulate(prepare(_private("privacy.noise_multiplier=2", "privacy.noise=seeded")))
@@ -327,5 +317,6 @@ def test_the_progress_line_marks_seeded_noise() -> None:
     secure.run()
     last, plain = seeded.history[-1], secure.history[-1]
     assert last.epsilon is not None and plain.epsilon is not None
-    assert "not a guarantee" in epsilon_text(last.epsilon, last.server)
-    assert epsilon_text(plain.epsilon, plain.server) == f"ε {plain.epsilon:.3g}"
+    assert last.server.get(SEEDED_METRIC) == 1.0 and SEEDED_METRIC not in plain.server
+    assert "not a guarantee" in epsilon_text(last.epsilon, seeded=True)
+    assert epsilon_text(plain.epsilon, seeded=False) == f"ε {plain.epsilon:.3g}"

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from protofed.cli.common import EXIT_DIVERGED, console, err_console, pct
-from protofed.core.caveats import NOT_A_GUARANTEE
+from protofed.core.caveats import NOT_A_GUARANTEE, stated
 
 SummaryView = tuple[Table, str, list[str]]
 
@@ -83,9 +83,7 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
                 f"; audit: empirical epsilon {privacy['empirical_epsilon']:.3g} from "
                 f"{privacy['audit_canaries']} canaries"
             )
-        for caveat in privacy.get("caveats", []) or (
-            [NOT_A_GUARANTEE] if privacy.get("noise", "seeded") == "seeded" else []
-        ):
+        for caveat in stated(privacy):
             said = (
                 f"epsilon is {caveat}" if caveat == NOT_A_GUARANTEE else f"epsilon holds {caveat}"
             )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
+from protofed.core.caveats import stated
 from protofed.core.types import Metrics
 
 Json = dict[str, Any]
@@ -400,6 +401,7 @@ class PrivacySummary(JsonRecord):
         """From summary.json's `privacy` (JSON already holds each field's type)."""
         values: dict[str, Any] = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values.setdefault("epsilon", None)
+        values["caveats"] = stated(data)
         return cls(**values)
 
 

@@ -31,7 +31,12 @@ import torch
 
 from protofed.algorithms.base import Algorithm
 from protofed.config import PrivacyConfig
-from protofed.core.caveats import CLASS_PRESENCE, CLEAR_EVALUATION, NOT_A_GUARANTEE
+from protofed.core.caveats import (
+    CLASS_PRESENCE,
+    CLEAR_EVALUATION,
+    NOT_A_GUARANTEE,
+    SEEDED_METRIC,
+)
 from protofed.core.results import PrivacySummary
 from protofed.core.types import AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
@@ -54,8 +59,6 @@ from protofed.training.client import Client
 
 log = logging.getLogger("protofed")
 CLIP, UNCLIPPED, PRESENCE = "clip_norm", "unclipped", "class_presence"
-SEEDED = "noise_seeded"
-"""A round metric present (1.0) where the noise came from the seed: not a guarantee."""
 OBSERVED = "audit."
 """Server-state keys of the audit's observation, one per group: `audit.<record>`."""
 COUNT_SENSITIVITY = 0.5
@@ -210,10 +213,11 @@ class Private(Algorithm):
             for r in (released if needs_sent else [])
         ]
         canaries = self._canaries(released, sent, server_round, clip)
-        updates = set(split(released[0].records, sent[0]).update) if sent else set()
+        groups = split(released[0].records, sent[0]) if sent else None
+        updates = set(groups.update) if groups is not None else set()
+        stds = self._stds(groups.count, clip) if groups is not None else (0.0, 0.0)
         observed: dict[str, torch.Tensor] | None = {} if self.dp.cfg.audit else None
         if self.dp.cfg.mode == "central" and released:
-            stds = self._stds(split(released[0].records, sent[0]).count, clip)
             every = released + [Reply(-1, c, {}, 1.0) for c in canaries]
             released = central_mean(
                 every,
@@ -225,7 +229,6 @@ class Private(Algorithm):
                 observed,
             )[: len(released)]
         elif observed is not None and released:  # local: the noised replies, canaries too
-            stds = self._stds(split(released[0].records, sent[0]).count, clip)
             noised = [noise_reply(c, sent[0], stds, source) for c in canaries]
             seen = [r.records for r in released] + noised
             observed.update(self._summed(seen, sent + [sent[0]] * len(noised)))
@@ -245,7 +248,7 @@ class Private(Algorithm):
             CLIP: clip,
         }
         if not self.secure:  # every progress line says so (tracking.epsilon_text)
-            metrics[SEEDED] = 1.0
+            metrics[SEEDED_METRIC] = 1.0
         layer = {CLIP: torch.tensor(new_clip)}
         if PRESENCE in privacy or any(
             is_prototypes(arrays) for r in released for arrays in r.records.values()
