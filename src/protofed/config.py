@@ -326,10 +326,12 @@ class TrainConfig(_Section):
         "after a round once the time since the last checkpoint is 49 times what writing it "
         "took, so checkpoints take at most about 2 % of a run (docs/reliability.md).",
     )
-    fused: bool = Field(
-        True,
-        description="Train sequential models without autograd where it is the same arithmetic, "
-        "for every optimizer (training/fused.py).",
+    fused: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description="The autograd-free training step for sequential models (training/fused.py; "
+        "not torch's fused optimizer kernels): auto: where a start-up measurement on the run's "
+        "shapes found it faster on this machine (cached); true: wherever it applies; false: "
+        "never (autograd).",
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
@@ -355,7 +357,7 @@ class TrainConfig(_Section):
             return value
         raise ValueError("'auto' or a number of rounds, at least 1")
 
-    @field_validator("stacked", mode="before")
+    @field_validator("stacked", "fused", mode="before")
     @classmethod
     def _stacked_switch(cls, value: Any) -> Any:
         """A bare `true` / `false` (YAML's booleans) means the same choice as the string."""

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from protofed.nn import Linear, linear
-from protofed.nn.linear import POINTWISE, matmul_nt, onednn_applies
+from protofed.nn.linear import POINTWISE, matmul_nt, onednn_applies, onednn_products
 
-# Both kernels, whichever this CPU picks by default (oneDNN needs the op in the torch build).
+# Both kernels (oneDNN needs the op in the torch build).
 KERNELS = [False, True] if POINTWISE is not None else [False]
 
 
 @pytest.fixture(params=KERNELS, ids=lambda on: "onednn" if on else "torch")
-def kernel(request, monkeypatch):
-    monkeypatch.setattr(linear, "USE_ONEDNN", request.param)
-    return request.param
+def kernel(request):
+    with onednn_products(request.param):
+        yield request.param
 
 
 @pytest.fixture
@@ -82,28 +80,24 @@ def test_matmul_nt_is_a_times_b_transposed(threads, kernel):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(
-    ("forced", "capability", "vendor", "wins"),
-    [
-        ("", "AVX512", "AuthenticAMD", True),  # MKL takes generic paths on AMD: oneDNN
-        ("", "AVX512", "GenuineIntel", False),  # MKL's own CPU: MKL
-        ("", "AVX2", "AuthenticAMD", False),
-        ("", "AVX512", "", True),  # vendor unknown: the AVX-512 rule alone
-        ("1", "AVX2", "GenuineIntel", True),  # PROTOFED_ONEDNN forces either way
-        ("0", "AVX512", "AuthenticAMD", False),
-    ],
-)
-def test_onednn_is_chosen_by_vendor_and_capability(monkeypatch, forced, capability, vendor, wins):
-    monkeypatch.setenv("PROTOFED_ONEDNN", forced)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(linear, "cpu_vendor", lambda: vendor)
-    assert linear._onednn_wins_here() == wins
+def test_torchs_kernel_unless_a_caller_asks_for_onednn(one_thread):
+    layer, x = Linear(8, 4), torch.randn(5, 8, requires_grad=True)
+    assert not onednn_applies(x, layer.weight)  # the default: torch's own kernel
+    with onednn_products():
+        assert onednn_applies(x, layer.weight) == (POINTWISE is not None)
+        with onednn_products(False):  # an inner context wins, and is undone on leaving
+            assert not onednn_applies(x, layer.weight)
+        assert onednn_applies(x, layer.weight) == (POINTWISE is not None)
+    assert not onednn_applies(x, layer.weight)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="Linux's /proc/cpuinfo")
-def test_the_cpu_vendor_is_read_from_linux():
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-        expected = next(
-            (line.partition(":")[2].strip() for line in info if line.startswith("vendor_id")), ""
-        )
-    assert linear.cpu_vendor() == expected
+def test_the_old_switch_is_still_there_and_changes_nothing(one_thread):
+    """Code that saves, sets and restores `USE_ONEDNN` (the old process-wide switch) still runs;
+    the switch is no longer read."""
+    layer, x = Linear(8, 4), torch.randn(5, 8, requires_grad=True)
+    before = linear.USE_ONEDNN
+    linear.USE_ONEDNN = True
+    try:
+        assert not onednn_applies(x, layer.weight)
+    finally:
+        linear.USE_ONEDNN = before

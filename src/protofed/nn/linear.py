@@ -1,19 +1,21 @@
-"""`Linear`: nn.Linear with oneDNN's kernels on single-threaded CPU training, where they win.
+"""`Linear`: nn.Linear, whose products run on oneDNN's kernel where the caller asks for it.
 
 Federated clients train on small batches, so a layer's products are skinny, and which library
-runs them fastest depends on the CPU: on an AMD CPU with AVX-512 oneDNN's kernels beat MKL's
-(MKL, Intel's library, takes generic code paths on AMD CPUs); on an AMD CPU with AVX2 and on
-an Intel CPU with AVX-512, MKL's win (docs/speed.md). So oneDNN is used only single-threaded
-(worker processes train with one thread each), on float32 CPU operands outside autocast, on
-a CPU that torch reports as AVX-512 and that is not Intel's (`PROTOFED_ONEDNN=1` or `=0`
-forces either); everywhere else this is exactly nn.Linear. Both agree with F.linear to fp32
+runs them fastest depends on the machine: oneDNN's kernel beat MKL's (torch's own, for
+float32 CPU products) 2-3x on one AMD CPU with AVX-512 and lost to it on an AVX2 AMD and an
+Intel AVX-512 CPU (docs/speed.md). So nothing here guesses from the CPU: torch's own
+kernel is the default, and oneDNN's runs only inside `onednn_products()`, a context that
+the training loop enters where a short measurement on the run's own shapes found it faster
+(protofed.training.fused.choose_plan), and only on single-threaded, 2-D float32 CPU operands
+outside autocast; everywhere else this is exactly nn.Linear. Both agree with F.linear to fp32
 rounding.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -24,34 +26,35 @@ POINTWISE: Callable[..., torch.Tensor] | None = getattr(
     getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
 )
 
+# Whether the products run on oneDNN: set only by `onednn_products()`, for the code inside it
+# (a context variable, so it is per thread and per task, and always restored).
+_ONEDNN: ContextVar[bool] = ContextVar("protofed_onednn_products", default=False)
 
-def cpu_vendor() -> str:
-    """The CPU's vendor id (`GenuineIntel`, `AuthenticAMD`), or "" where Linux's
-    /proc/cpuinfo does not say."""
+# Deprecated and no longer read (it was a process-wide switch, flipped at run time): kept so
+# that code which saves, sets and restores it still runs. Use `onednn_products(False)`.
+USE_ONEDNN = False
+
+
+@contextlib.contextmanager
+def onednn_products(on: bool = True) -> Iterator[None]:
+    """Inside: `Linear` and `matmul_nt` run their products on oneDNN's kernel where it applies
+    (`on=False`: on torch's, whatever an outer context asked)."""
+    token = _ONEDNN.set(on)
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return ""
+        yield
+    finally:
+        _ONEDNN.reset(token)
 
 
-def _onednn_wins_here() -> bool:
-    forced = os.environ.get("PROTOFED_ONEDNN", "")
-    if forced in ("0", "1"):
-        return forced == "1"
-    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    return avx512 and cpu_vendor() != "GenuineIntel"
-
-
-USE_ONEDNN = POINTWISE is not None and _onednn_wins_here()
+def onednn_available() -> bool:
+    """This torch build has oneDNN's linear kernel and the process runs one intra-op thread."""
+    return POINTWISE is not None and torch.get_num_threads() == 1
 
 
 def onednn_in_use() -> bool:
-    """oneDNN's kernel is there, wins on this CPU and the process runs one intra-op thread."""
-    return POINTWISE is not None and USE_ONEDNN and torch.get_num_threads() == 1
+    """oneDNN's kernel was asked for (`onednn_products`), is there, and the process runs one
+    intra-op thread."""
+    return _ONEDNN.get() and onednn_available()
 
 
 _MKL_WEIGHT_GRAD_FROM = 2**21  # MKL's outer product wins for the largest weight gradients
@@ -110,8 +113,8 @@ def onednn_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b.T for 2-D float32 CPU operands outside autograd: oneDNN where it wins (FedAli's
-    cosine products: faster on AVX-512, a tie on AVX2; docs/speed.md)."""
+    """a @ b.T; on oneDNN's kernel for 2-D float32 CPU operands outside autograd inside
+    `onednn_products()` (FedAli's cosine products: faster on one AVX-512 AMD CPU)."""
     in_autograd = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if _onednn_operands(a, b) and not in_autograd:
         return onednn_linear(a.contiguous(), b.contiguous(), None)
@@ -119,7 +122,8 @@ def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class Linear(nn.Linear):
-    """Drop-in nn.Linear (same parameters, same state_dict) with the fast CPU path."""
+    """Drop-in nn.Linear (same parameters, same state_dict); oneDNN's products inside
+    `onednn_products()`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if onednn_applies(x, self.weight):
