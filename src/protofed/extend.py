@@ -8,6 +8,12 @@ One import, stable names (docs/python-api.md lists them):
   differs), its typed `Hyperparams`, the `Setting` it is built with, the `Client` its `fit` is
   handed, the records that cross the wire (`Records`, `Arrays`, `Metrics`, `Reply`, `MODEL`)
   and what its hooks return (`FitResult`, `AggregateResult`); `register_algorithm`.
+- **Stacked training** (`train.stacked`), opt-in and outside the `Algorithm` interface: an
+  algorithm whose round can run with all its clients at once registers that round with
+  `register_stacked(cls)` over `(algorithm, clients, messages, states, train) ->
+  list[FitResult]`, calling `train` (a `Trainer`) with one `StackedTask` per client for each
+  training phase, a `Term` (of the client's weights, its own tensors and its `Batch`) for a
+  loss beyond cross-entropy. Without one, its clients train one at a time.
 - **Shared mechanics** an algorithm reuses instead of rewriting: aggregation (weighted
   means of records, `Averaged`), the body/head split (`HeadLocalAlgorithm`), FedProx's
   proximal term, prototype losses and the prototype helpers (class means, merges,
@@ -79,8 +85,10 @@ from protofed.prototypes import (
     unpack_prototypes,
     with_prototype_head,
 )
+from protofed.runtime.stacking import register_stacked
 from protofed.tracking import Logger, register_logger
 from protofed.training.client import Client
+from protofed.training.stacked import Batch, StackedTask, Term, Trainer
 
 __all__ = [
     # algorithms: the base class, its hook types, its registration
@@ -98,6 +106,12 @@ __all__ = [
     "TrainConfig",
     "register_algorithm",
     "with_model",
+    # stacked training, opt-in (runtime/stacking, training/stacked.py)
+    "Batch",
+    "StackedTask",
+    "Term",
+    "Trainer",
+    "register_stacked",
     # aggregation (algorithms/common/aggregation.py)
     "Averaged",
     "examples",

@@ -13,7 +13,7 @@ from protofed.data.federated import ClientData
 from protofed.errors import ConfigError
 from protofed.models import build_model
 from protofed.runtime import prepare, simulate
-from protofed.runtime.local import stacked_reason
+from protofed.runtime.stacking import adapter_for, stacked_reason
 from protofed.training.client import Client
 from protofed.training.loop import make_optimizer, train_epochs
 from protofed.training.stacked import (
@@ -186,7 +186,8 @@ def test_fedprox_term_matches_its_proximal_loss(digits):
         for i, (d, s) in enumerate(zip(clients, seeds, strict=True))
     ]
     messages = [{"model": start} for _ in contexts]
-    results = fedprox.stacked_fit(contexts, messages, [{}] * 3, StackedTrainer(model, contexts))
+    stacked_fit = adapter_for(fedprox)
+    results = stacked_fit(fedprox, contexts, messages, [{}] * 3, StackedTrainer(model, contexts))
     _assert_same(alone, [(r.reply["model"], r.metrics) for r in results])
 
 

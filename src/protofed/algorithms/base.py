@@ -89,10 +89,6 @@ class Algorithm(ABC):
     Params: ClassVar[type[Hyperparams]] = Hyperparams
     has_global_model: ClassVar[bool] = True
     pools_data: ClassVar[bool] = False  # True: the runtime trains one client on all data
-    # True: its clients can train stacked (`train.stacked`, training/stacked.py), through its
-    # `stacked_fit`; else `stack_reason` says why not
-    stackable: ClassVar[bool] = False
-    stack_reason: ClassVar[str] = "its client step is not written for stacked training yet"
 
     def __init__(self, params: Hyperparams, setting: Setting) -> None:
         self.params = params

@@ -9,7 +9,6 @@ from protofed.algorithms.common.ala import PERSONAL
 from protofed.algorithms.common.regularizers import ProximalStep, parameter_snapshot
 from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Trainer
 
 
 class Ditto(Algorithm):
@@ -19,7 +18,6 @@ class Ditto(Algorithm):
         "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     )
     ala_local = "state"  # ALA plug-in: the local model is the personal model v ("personal")
-    stackable = True
 
     class Params(Hyperparams):
         lam: float = Field(
@@ -50,23 +48,6 @@ class Ditto(Algorithm):
         metrics["personal_loss"] = personal["loss"]
         metrics["personal_steps"] = personal["steps"]
         return FitResult({MODEL: reply}, metrics, {PERSONAL: client.weights()})
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: every client's global model, then every client's personal one."""
-        global_ = train([StackedTask(m[MODEL]) for m in messages])
-        lam = self.params.lam  # the pull toward w^t, as received (`ProximalStep`)
-        tasks = [
-            StackedTask(s.get(PERSONAL, m[MODEL]), m[MODEL] if lam else {})
-            for m, s in zip(messages, states, strict=True)
-        ]
-        personal = train(tasks, epochs=self.params.personal_epochs, pull=lam)
-        results = []
-        for (reply, metrics), (own, mine) in zip(global_, personal, strict=True):
-            metrics = {**metrics, "personal_loss": mine["loss"], "personal_steps": mine["steps"]}
-            results.append(FitResult({MODEL: reply}, metrics, {PERSONAL: own}))
-        return results
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         """The personal model v, or the global model before the client's first round."""

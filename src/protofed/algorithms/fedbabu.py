@@ -10,12 +10,10 @@ from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.split import (
     body_parameters,
     head_parameters,
-    is_head,
     split_arrays,
 )
 from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Trainer
 
 PERSONAL = "personal"  # client state: the fine-tuned model
 
@@ -24,7 +22,6 @@ class FedBABU(Algorithm):
     name = "fedbabu"
     summary = "Head fixed at init, body trained and averaged; personalize by fine-tuning."
     reference = "Oh, Kim & Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification, ICLR 2022"
-    stackable = True
 
     class Params(Hyperparams):
         finetune_epochs: int = Field(
@@ -65,31 +62,6 @@ class FedBABU(Algorithm):
             metrics["finetune_loss"] = tuned["loss"]
             kept = {PERSONAL: client.weights()}
         return FitResult({MODEL: body}, metrics, kept)
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: every client's body under the fixed head, then the fine-tuning."""
-        starts = [{**m[MODEL], **self.fixed_head()} for m in messages]
-        trained = train([StackedTask(w) for w in starts], trainable=lambda n: not is_head(n))
-        kept: list[Records] = [{} for _ in clients]
-        tuned: list[float] = []
-        if self.params.finetune_epochs > 0:
-            part = self.params.finetune
-            trainable = None if part == "full" else (lambda n: is_head(n) == (part == "head"))
-            out = train(
-                [StackedTask(w) for w in starts],
-                epochs=self.params.finetune_epochs,
-                trainable=trainable,
-            )
-            kept = [{PERSONAL: weights} for weights, _ in out]
-            tuned = [metrics["loss"] for _, metrics in out]
-        results = []
-        for i, (weights, metrics) in enumerate(trained):
-            if tuned:
-                metrics = {**metrics, "finetune_loss": tuned[i]}
-            results.append(FitResult({MODEL: split_arrays(weights)[0]}, metrics, kept[i]))
-        return results
 
     def client_model(self, message: Records, state: Records) -> Arrays:
         return state[PERSONAL] if PERSONAL in state else {**message[MODEL], **self.fixed_head()}

@@ -10,9 +10,7 @@ from pydantic import Field
 
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.prototype_losses import (
-    prototype_inputs,
     prototype_regularized_loss,
-    prototype_term,
 )
 from protofed.core.seeding import SERVER, derive_seed
 from protofed.core.types import (
@@ -35,7 +33,6 @@ from protofed.prototypes import (
     with_prototype_head,
 )
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Trainer
 
 # the server's record of the global prototypes: "prototypes" (C, D) and "present" (C,), 1
 # where a class has a global prototype (sent down packed, as the record `protos`)
@@ -183,7 +180,6 @@ class FedDPA(Algorithm):
         "Bensiah & Benaboud, FedDPA: Dynamic Prototypical Alignment for Federated Learning "
         "with Non-IID Data, Electronics 2025"
     )
-    stackable = True
 
     class Params(Hyperparams):
         alpha: float = Field(0.01, ge=0, description="Base regularisation strength (paper: 0.01).")
@@ -302,29 +298,6 @@ class FedDPA(Algorithm):
             protos, present, lam, target="class_mean", reduction=self.params.reg_reduction
         )
         return self.fitted(client, client.train_model(loss_fn=loss_fn), het, lam)
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: every client's Het_k and lambda_k from the sent model, as `fit`
-        computes them, then the alignment term on the batch's class means with its own
-        lambda_k, then each client's prototypes from its trained model."""
-        aligned = [self.alignment(c, m) for c, m in zip(clients, messages, strict=True)]
-        term = None
-        if any(lam != 0 and bool(present.any()) for _, present, _, lam in aligned):
-            term = prototype_term("class_mean", self.params.reg_reduction)
-        dim = max(protos.shape[1] for protos, *_ in aligned)
-        tasks = [
-            StackedTask(m[MODEL], prototype_inputs(protos, present, lam, dim) if term else {})
-            for m, (protos, present, _, lam) in zip(messages, aligned, strict=True)
-        ]
-        results = []
-        for client, (weights, metrics), (*_, het, lam) in zip(
-            clients, train(tasks, term), aligned, strict=True
-        ):
-            client.load(weights)
-            results.append(self.fitted(client, metrics, het, lam))
-        return results
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

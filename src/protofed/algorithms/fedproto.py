@@ -12,9 +12,7 @@ from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.algorithms.common.prototype_losses import (
     Reduction,
     Target,
-    prototype_inputs,
     prototype_regularized_loss,
-    prototype_term,
 )
 from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.prototypes import (
@@ -27,7 +25,6 @@ from protofed.prototypes import (
 )
 from protofed.training.client import Client
 from protofed.training.loop import LossFn
-from protofed.training.stacked import StackedTask, Trainer
 
 
 class FedProto(Algorithm):
@@ -38,7 +35,6 @@ class FedProto(Algorithm):
     )
     has_global_model = False
     reply_counts: ClassVar[bool] = True  # class counts go up: eq. 6 weights the mean by them
-    stackable = True
 
     class Params(Hyperparams):
         lam: float = Field(
@@ -74,7 +70,7 @@ class FedProto(Algorithm):
     def regularizer(self) -> tuple[float, Target, Reduction]:
         """The prototype term's weight lam, target and reduction (eq. 8: each embedding's mean
         squared distance to its class's prototype): one source for the per-client loss and
-        the stacked term, which PFPL's overrides."""
+        the stacked round's term (runtime/stacking), which PFPL's overrides."""
         return self.params.lam, "sample", "mean"
 
     def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
@@ -101,28 +97,6 @@ class FedProto(Algorithm):
         device = client.data.train_x.device
         metrics = client.train_model(loss_fn=self.local_loss(protos.to(device), present.to(device)))
         return FitResult(self.local_prototypes(client), metrics, {MODEL: client.weights()})
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: each client's own model, the prototype term with the prototypes it
-        was sent (none before the first aggregation: cross-entropy alone), then its prototypes
-        from its trained model, as `fit` computes them."""
-        lam, target, reduction = self.regularizer()
-        received = [self.received(m) for m in messages]
-        term = None
-        if lam != 0 and any(bool(present.any()) for _, present in received):
-            term = prototype_term(target, reduction)
-        dim = max(protos.shape[1] for protos, _ in received)
-        tasks = [
-            StackedTask(self.own_model(s), prototype_inputs(*sent, lam, dim) if term else {})
-            for s, sent in zip(states, received, strict=True)
-        ]
-        results = []
-        for client, (weights, metrics) in zip(clients, train(tasks, term), strict=True):
-            client.load(weights)
-            results.append(FitResult(self.local_prototypes(client), metrics, {MODEL: weights}))
-        return results
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

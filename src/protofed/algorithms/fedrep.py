@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from protofed.algorithms.base import MODEL, Arrays, Client, FitResult, Hyperparams, Metrics, Records
+from protofed.algorithms.base import Client, FitResult, Hyperparams, Metrics, Records
 from protofed.algorithms.common.split import (
-    HEAD,
     HeadLocalAlgorithm,
     body_parameters,
     head_parameters,
-    is_head,
-    split_arrays,
 )
-from protofed.training.stacked import StackedTask, Trainer
 
 
 class FedRep(HeadLocalAlgorithm):
@@ -22,7 +18,6 @@ class FedRep(HeadLocalAlgorithm):
     reference = "Collins et al., Exploiting Shared Representations for Personalized Federated Learning, ICML 2021"
     has_global_model = False
     ala_local = "reply"  # ALA plug-in: the local model is the body the client trained last
-    stackable = True
 
     class Params(Hyperparams):
         head_epochs: int = Field(
@@ -54,33 +49,3 @@ class FedRep(HeadLocalAlgorithm):
             metrics["steps"] += m["steps"]
         reply, kept = self.finish(client)
         return FitResult(reply, metrics, kept)
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: every client's head (body frozen), then every client's body."""
-        weights: list[Arrays] = [
-            {**m[MODEL], **self.local_head(s)} for m, s in zip(messages, states, strict=True)
-        ]
-        body_epochs = self.params.body_epochs
-        if body_epochs is None:
-            body_epochs = clients[0].train.local_epochs if clients else 0
-        metrics: list[Metrics] = [{"steps": 0.0} for _ in clients]
-        phases = [("head", self.params.head_epochs, is_head), ("body", body_epochs, _is_body)]
-        for part, epochs, trainable in phases:
-            if epochs == 0:
-                continue
-            trained = train([StackedTask(w) for w in weights], epochs=epochs, trainable=trainable)
-            weights = [w for w, _ in trained]
-            for m, (_, phase) in zip(metrics, trained, strict=True):
-                m[f"{part}_loss"] = m["loss"] = phase["loss"]
-                m["steps"] += phase["steps"]
-        results = []
-        for w, m in zip(weights, metrics, strict=True):
-            body, head = split_arrays(w)
-            results.append(FitResult({MODEL: body}, m, {HEAD: head}))
-        return results
-
-
-def _is_body(name: str) -> bool:
-    return not is_head(name)

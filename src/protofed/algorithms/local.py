@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.core.types import MODEL, AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.training.client import Client
-from protofed.training.stacked import StackedTask, Trainer
 
 
 class Local(Algorithm):
@@ -15,7 +14,6 @@ class Local(Algorithm):
     summary = "Local training only: each client trains on its own data, no communication."
     reference = "Local-only baseline (lower reference of personalized FL; no federation)"
     has_global_model = False
-    stackable = True
 
     class Params(Hyperparams):
         """No hyperparameters: local epochs, optimizer and lr come from `train`."""
@@ -34,13 +32,6 @@ class Local(Algorithm):
         client.load(self.own_model(state))
         metrics = client.train_model()
         return FitResult({}, metrics, {MODEL: client.weights()})  # nothing is sent: zero bytes up
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: each client from its own model, which it keeps."""
-        trained = train([StackedTask(self.own_model(state)) for state in states])
-        return [FitResult({}, metrics, {MODEL: weights}) for weights, metrics in trained]
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int

@@ -13,7 +13,6 @@ from torch import nn
 from protofed.algorithms.base import Algorithm, Hyperparams
 from protofed.core.types import MODEL, Arrays, FitResult, Records
 from protofed.training.client import Client
-from protofed.training.stacked import Batch, StackedTask, Term, Trainer, part
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -68,38 +67,10 @@ def moon_loss(global_model: FedModel, previous_model: FedModel, mu: float, tau: 
     return loss
 
 
-def contrastive_inputs(global_: Arrays, previous: Arrays | None) -> Arrays:
-    """A client's tensors for `contrastive_term`: the embedding weights of the model it was
-    sent and of its previous one, and whether it has one (without: the sent model's, unused)."""
-    frozen = {"global/": global_, "previous/": global_ if previous is None else previous}
-    inputs = {
-        f"{prefix}{n}": t
-        for prefix, weights in frozen.items()
-        for n, t in weights.items()
-        if n.startswith("features.")
-    }
-    return {**inputs, "on": torch.tensor(float(previous is not None))}
-
-
-def contrastive_term(mu: float, tau: float) -> Term:
-    """`moon_loss`'s mu * l_con for stacked training: each client's batch embedded by its own
-    frozen global and previous models; a client without a previous model adds 0, as `fit`
-    trains it on cross-entropy alone."""
-
-    def term(params: Arrays, aux: Arrays, batch: Batch) -> torch.Tensor:
-        z_global = batch.embed(part(aux, "global/")).detach()
-        z_previous = batch.embed(part(aux, "previous/")).detach()
-        loss = model_contrastive_loss(batch.features, z_global, z_previous, tau, batch.weight)
-        return aux["on"] * mu * loss
-
-    return term
-
-
 class MOON(Algorithm):
     name = "moon"
     summary = "FedAvg plus a contrastive loss pulling representations to the global model's."
     reference = "Li, He & Song, Model-Contrastive Federated Learning, CVPR 2021"
-    stackable = True
 
     class Params(Hyperparams):
         mu: float = Field(
@@ -127,17 +98,3 @@ class MOON(Algorithm):
             metrics = client.train_model()
         trained = client.weights()  # the reply is also next round's previous model
         return FitResult({MODEL: trained}, metrics, {PREVIOUS: trained})
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]:
-        """`fit` stacked: the contrastive term for the clients with a previous model (each
-        with its own frozen pair), cross-entropy alone for the others."""
-        term = None
-        if self.params.mu > 0 and any(PREVIOUS in s for s in states):
-            term = contrastive_term(self.params.mu, self.params.temperature)
-        tasks = [
-            StackedTask(m[MODEL], contrastive_inputs(m[MODEL], s.get(PREVIOUS)) if term else {})
-            for m, s in zip(messages, states, strict=True)
-        ]
-        return [FitResult({MODEL: w}, metrics, {PREVIOUS: w}) for w, metrics in train(tasks, term)]

@@ -12,24 +12,30 @@ from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, PARTITION, PARTITION_TXT, RunDir, check_digest, json_text
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
-from protofed.runtime.local import InProcessTransport, PooledTransport, use_stacked
+from protofed.runtime.local import InProcessTransport, PooledTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root
 from protofed.runtime.provenance import read_provenance
 from protofed.runtime.scoring import ServerSideEvaluation
+from protofed.runtime.stacking import use_stacked
 
 
-def simulate(prepared: Prepared, run_dir: RunDir | None = None) -> RoundLoop:
+def simulate(
+    prepared: Prepared, run_dir: RunDir | None = None, stacked: bool | None = None
+) -> RoundLoop:
     """A round loop that trains every client in this process (`train.workers` processes;
-    unset, one per usable core: `resolve_workers`)."""
+    unset, one per usable core: `resolve_workers`), or all of a round's clients at once
+    where `stacked`: `use_stacked`'s decision, made here where not given."""
+    if stacked is None:
+        stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)
     train = prepared.cfg.train
     transport: InProcessTransport
-    if prepared.algorithm.pools_data:
+    if prepared.algorithm.pools_data:  # never stacked: `use_stacked` refuses it
         transport = PooledTransport(prepared)
     else:
         workers = resolve_workers(train, clients_per_round(train, len(prepared.fed.clients)))
-        transport = InProcessTransport(prepared, workers)
+        transport = InProcessTransport(prepared, workers, stacked)
     scoring = ServerSideEvaluation(prepared, transport, pool=transport.pool)
     return RoundLoop(prepared, transport, scoring, run_dir)
 
@@ -55,7 +61,7 @@ def recorded_count(prepared: Prepared) -> Prepared:
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Validate and build everything, then create the run directory."""
     prepared = recorded_count(prepare(cfg))
-    use_stacked(prepared.cfg, prepared.algorithm, prepared.model)  # a refusal writes nothing
+    stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)  # refused: no files
     run = RunDir.create(
         out,
         prepared.cfg.to_dict(),
@@ -63,7 +69,7 @@ def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> Ro
         prepared.fed.counts_table(),
         overwrite=overwrite,
     )
-    return simulate(prepared, run)
+    return simulate(prepared, run, stacked)
 
 
 def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:

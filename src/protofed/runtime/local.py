@@ -30,14 +30,17 @@ from protofed.core.types import (
     nbytes,
 )
 from protofed.data.federated import ClientData
-from protofed.errors import ConfigError
 from protofed.models.base import FedModel
 from protofed.privacy import released_examples
 from protofed.runtime.guard import checked
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
+from protofed.runtime.stacking import adapter_for, stack_reason
+from protofed.runtime.stacking import stacked_reason as stacked_reason  # importable here too
 from protofed.training.client import Client
-from protofed.training.stacked import StackedFit, StackedTrainer, model_reason
+from protofed.training.stacked import StackedTrainer
+
+unstackable = stack_reason  # the name `protofed list` imports it by (cli/catalog.py)
 
 STACK_GROUP = 100
 """The most clients trained stacked at once: a round of more trains in groups of this many,
@@ -126,51 +129,6 @@ def fit_and_check(
     return result, down, trained, checked(result.reply)
 
 
-def unstackable(cls: type[Algorithm]) -> str | None:
-    """Why `cls` cannot train a round's clients stacked (None: it can), for `protofed list`."""
-    if not cls.stackable:
-        return cls.stack_reason
-    if cls.pools_data:
-        return "it trains one client on every client's data"
-    owner = next(k for k in cls.__mro__ if "fit" in vars(k))
-    if "stacked_fit" not in vars(owner):  # a mix-in's fit around the algorithm's (ALA)
-        return f"{owner.__name__}.fit does more than the stacked step"
-    return None
-
-
-def stacked_reason(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) -> str | None:
-    """Why this experiment cannot train stacked (None: it can)."""
-    if cfg.privacy.enabled:
-        return "privacy.enabled wraps each client's fit, which stacked training would bypass"
-    why = unstackable(type(algorithm))
-    if why is None and not isinstance(algorithm, StackedFit):
-        why = "it has no stacked_fit"
-    if why is not None:
-        return f"{algorithm.name} cannot: {why}"
-    return model_reason(model)
-
-
-def stacked_faster(device: torch.device) -> bool:
-    """`train.stacked=auto`'s rule: stacked where it measured faster than one client at a
-    time. Nowhere yet: no GPU sitting has measured it (benchmarks/gpu_throughput.py), and on
-    the CPU a first probe found it slower; a measurement changes this, not a guess."""
-    return False
-
-
-def use_stacked(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) -> bool:
-    """Whether the round's clients train stacked (`train.stacked`): true where it can (else
-    a one-line ConfigError), false never, auto where it can and measured faster."""
-    mode = cfg.train.stacked
-    if mode == "false":
-        return False
-    reason = stacked_reason(cfg, algorithm, model)
-    if mode == "true" and reason is not None:
-        raise ConfigError(f"train.stacked=true: {reason} (set train.stacked=auto or false)")
-    if mode == "true":
-        return True
-    return reason is None and stacked_faster(torch.device(cfg.train.device))
-
-
 def fit_stacked(
     prepared: Prepared,
     server: Records,
@@ -178,21 +136,21 @@ def fit_stacked(
     server_round: int,
     states: list[Records],
 ) -> list[tuple[FitResult, int, Arrays | None]]:
-    """`fit_and_count` for every client in `clients`, trained stacked (training/stacked.py):
-    each client's reply, the bytes of its message and the model it keeps, in order."""
+    """`fit_and_count` for every client in `clients`, trained stacked (training/stacked.py,
+    through the algorithm's registered round, runtime/stacking): each client's reply, the
+    bytes of its message and the model it keeps, in order."""
     algorithm, cfg = prepared.algorithm, prepared.cfg
-    if not isinstance(algorithm, StackedFit):
-        raise TypeError(f"{type(algorithm).__name__} cannot train stacked")
+    stacked_fit = adapter_for(algorithm)
     messages = [algorithm.configure(server, c, server_round) for c in clients]
     contexts = [
         client_context(cfg, prepared.model, prepared.client_data(c, server_round), c, server_round)
         for c in clients
     ]
-    trained = algorithm.stacked_fit(
-        contexts, messages, states, StackedTrainer(prepared.model, contexts)
+    trained = stacked_fit(
+        algorithm, contexts, messages, states, StackedTrainer(prepared.model, contexts)
     )
     if len(trained) != len(clients):
-        raise TypeError(f"{type(algorithm).__name__}.stacked_fit: one result per client")
+        raise TypeError(f"{type(algorithm).__name__}'s stacked round: one result per client")
     out = []
     for message, result in zip(messages, trained, strict=True):
         check_result(result, "fit", type(algorithm).__name__)
@@ -203,13 +161,14 @@ def fit_stacked(
 
 class InProcessTransport:
     """Trains the sampled clients here, serially, in `workers` forked processes, or stacked
-    (`train.stacked`: all of a round's clients at once, in this process)."""
+    (`stacked`: all of a round's clients at once, in this process; decided once per run from
+    `train.stacked` by `runtime.stacking.use_stacked`, which the engine calls)."""
 
     name = "builtin"
 
-    def __init__(self, prepared: Prepared, workers: int = 1) -> None:
+    def __init__(self, prepared: Prepared, workers: int = 1, stacked: bool = False) -> None:
         self.prepared = prepared
-        self.stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)
+        self.stacked = stacked
         self.states: dict[int, Records] = {}  # client id -> what its last `fit` kept
         # client id -> its model right after its last `fit` (eval.client_model=trained)
         self.trained: dict[int, Arrays] | None = {} if keeps_trained(prepared.cfg) else None

@@ -26,9 +26,10 @@ drawn for all clients at once, so not the per-client path's). The loss is cross-
 an optional per-client `Term` of the client's weights, its own tensors and its `Batch`
 (FedProx's proximal term and its anchor; FedProto's prototype distance, reading the batch's
 embeddings, and the prototypes it was sent; MOON's contrastive term, embedding the batch under
-its frozen global and previous weights). An algorithm writes its round stacked as `stacked_fit`
-(`StackedFit`), calling a `Trainer` once per training phase for all clients (Ditto's two
-models, FedRep's head then body); what runs stacked is decided in `runtime.local`.
+its frozen global and previous weights). An algorithm's round stacked is an adapter registered
+for it beside the runtime that runs it (`runtime.stacking`: the algorithms know nothing of
+this module), calling a `Trainer` once per training phase for all clients (Ditto's two
+models, FedRep's head then body); what runs stacked is decided there, once per run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from protofed.config import TrainConfig
-from protofed.core.types import Arrays, FitResult, Metrics, Records
+from protofed.core.types import Arrays, Metrics
 from protofed.nn import linear
 from protofed.training.client import Client
 from protofed.training.loop import autocast, batches, make_optimizer
@@ -100,16 +101,6 @@ class Trainer(Protocol):
         trainable: Callable[[str], bool] | None = None,
         pull: float = 0.0,
     ) -> list[tuple[Arrays, Metrics]]: ...
-
-
-@runtime_checkable
-class StackedFit(Protocol):
-    """What an algorithm with `stackable = True` adds: its `fit` for all of a round's clients
-    at once, each training phase (`Client.train_model`) one call of `train` for all of them."""
-
-    def stacked_fit(
-        self, clients: list[Client], messages: list[Records], states: list[Records], train: Trainer
-    ) -> list[FitResult]: ...
 
 
 @dataclass

@@ -23,7 +23,6 @@ from torch import nn
 
 from protofed.prototypes import class_means
 from protofed.training.loop import LossFn
-from protofed.training.stacked import Batch, Term
 
 if TYPE_CHECKING:
     from protofed.models.base import FedModel
@@ -128,39 +127,3 @@ def masked_prototype_distance(
         return squared
     per_row = squared / keep.sum().clamp(min=1)
     return per_row / features.shape[1] if reduction == "mean" else per_row
-
-
-def prototype_inputs(
-    prototypes: torch.Tensor, present: torch.Tensor, lam: float, dim: int
-) -> dict[str, torch.Tensor]:
-    """A client's tensors for `prototype_term`: the prototypes it was sent, dense (C, dim)
-    (none sent yet: zeros, every class absent), its class mask and its weight lam."""
-    if prototypes.shape[1] != dim:
-        prototypes = prototypes.new_zeros(len(prototypes), dim)
-    return {
-        "prototypes": prototypes,
-        "present": present.float(),
-        "lam": torch.tensor(float(lam)),
-    }
-
-
-def prototype_term(target: Target = "sample", reduction: Reduction = "mean") -> Term:
-    """`prototype_regularized_loss`'s lam * distance for stacked training, each client with its
-    own prototypes, mask and lam (`prototype_inputs`): a client with no prototype in its batch
-    (or lam 0) adds 0, as the per-client loss adds nothing."""
-
-    def term(
-        params: dict[str, torch.Tensor], aux: dict[str, torch.Tensor], batch: Batch
-    ) -> torch.Tensor:
-        distance = masked_prototype_distance(
-            batch.features,
-            batch.y,
-            batch.weight,
-            aux["prototypes"],
-            aux["present"],
-            reduction,
-            target,
-        )
-        return aux["lam"] * distance
-
-    return term
