@@ -31,6 +31,7 @@ from protofed.runtime.keep import keep, keeps
 from protofed.runtime.prepare import Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
 from protofed.runtime.summary import Progress, build_summary, chance_warnings
+from protofed.runtime.timing import RoundClock
 
 log = logging.getLogger("protofed")
 
@@ -232,61 +233,53 @@ class RoundLoop:
         of the wall clock, and of the new server state here) and the rest, the algorithm's
         `aggregate` (`aggregate_s`); the replies are a lazy stream that `aggregate` consumes."""
         clients = self.sample(server_round)
-        timer = {"train": 0.0, "guard": 0.0}
+        clock = RoundClock()
         losses: list[tuple[float, float]] = []
 
         def replies() -> Iterator[Reply]:
             accepted = 0
-            t0 = time.perf_counter()
+            clock.wait()
             for reply, down, up, check in self.transport.fit(self.server, server_round, clients):
-                received = time.perf_counter()
-                timer["train"] += received - t0
-                if check is not None:  # checked where it was made, within that wait
-                    timer["train"] -= check.wall_s
-                    timer["guard"] += check.wall_s
+                clock.received(check)
                 self.progress.down_bytes += down
                 self.progress.up_bytes += up
                 self.progress.client_updates += 1
                 finite = self.accepts(reply, server_round, check)
-                t0 = time.perf_counter()
-                timer["guard"] += t0 - received
+                clock.checked()
                 if not finite:
                     continue
                 accepted += 1
                 if "loss" in reply.metrics:
                     losses.append((reply.metrics["loss"], reply.num_examples))
                 yield reply
-                t0 = time.perf_counter()
+                clock.wait()
             if accepted == 0 and clients:
                 raise Diverged(f"round {server_round}: every reply had NaN or inf values")
 
-        t0 = time.perf_counter()
         stream = replies()
         result = self.algorithm.aggregate(self.server, stream, server_round)
         check_result(result, "aggregate", type(self.algorithm).__name__)
         for _ in stream:  # every sampled client trains, even if aggregate stopped reading
             pass
-        aggregated = time.perf_counter()
+        clock.aggregated()
         bad = nonfinite(result.server)
         if bad is not None:
             raise Diverged(
                 f"round {server_round}: the aggregated server state has NaN or inf in {bad}"
             )
         self.server = result.server
-        end = time.perf_counter()
-        guard_s = timer["guard"] + end - aggregated
-        aggregate_s = end - t0 - timer["train"] - guard_s
-        self.progress.train_s += timer["train"]
-        self.progress.guard_s += guard_s
-        self.progress.aggregate_s += aggregate_s
+        clock.stop()
+        self.progress.train_s += clock.train_s
+        self.progress.guard_s += clock.guard_s
+        self.progress.aggregate_s += clock.aggregate_s
         self.progress.server_round = server_round
         weight = sum(w for _, w in losses)
         return RoundInfo(
             clients=clients,
             train_loss=sum(v * w for v, w in losses) / weight if weight else None,
-            train_s=timer["train"],
-            guard_s=guard_s,
-            aggregate_s=aggregate_s,
+            train_s=clock.train_s,
+            guard_s=clock.guard_s,
+            aggregate_s=clock.aggregate_s,
             server=dict(result.metrics),
         )
 
