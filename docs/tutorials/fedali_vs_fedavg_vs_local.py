@@ -9,7 +9,14 @@
 #
 # `PROTOFED_TUTORIAL_SMALL=1` is the test's setting: 3 subjects, 2 rounds, tiny prototype
 # banks, under a minute. Without it the script runs the settings of
-# `configs/sweeps/tutorial_fedali_comparison.yaml` (about 10 minutes on 2 CPU cores).
+# `configs/sweeps/tutorial_fedali_comparison.yaml` (about 10 minutes on 2 CPU cores). The same
+# full size from the command line, as a sweep and its report:
+#
+# ```
+# protofed sweep configs/sweeps/tutorial_fedali_comparison.yaml --out runs/tutorial_fedali
+# protofed report runs/tutorial_fedali --plot --label 'fedali*=FedAli' \
+#     --label 'fedavg*=FedAvg' --label 'local*=Local' --out runs/tutorial_fedali/report
+# ```
 #
 # ## The protocol's three scores
 #
@@ -45,7 +52,10 @@ from protofed.extend import DataConfig, data_root
 SMALL = os.environ.get("PROTOFED_TUTORIAL_SMALL", "") not in ("", "0")
 OUT = Path(os.environ.get("PROTOFED_TUTORIAL_OUT", "runs/tutorials")) / "fedali_vs_fedavg_vs_local"
 DATA = data_root(DataConfig())  # $PROTOFED_DATA, else the user cache (`protofed data fetch`)
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fedali_uci_har_natural.yaml"
+# the repository's root: two folders above the script, or above the notebook's folder (Jupyter
+# runs a notebook in the folder it is in, and defines no __file__)
+ROOT = Path(__file__).resolve().parents[2] if "__file__" in globals() else Path.cwd().parents[1]
+CONFIG = ROOT / "configs" / "fedali_uci_har_natural.yaml"
 
 # %% [markdown]
 # ## The settings
@@ -129,8 +139,12 @@ print(to_markdown(rows))
 # Good personalized FL sits up and to the right.
 
 # %%
+# %matplotlib inline
 labels = {"fedali": "FedAli (HART + ALP)", "fedavg": "FedAvg (HART)", "local": "Local (HART)"}
 figure = pers_vs_gen(groups, "UCI-HAR natural clients", labels=labels)
 assert figure is not None  # every run scored generalization
 written = write_figures({"pers_gen": figure}, OUT / "figure", "selected")
 print("wrote", *written)
+# a notebook draws the figure here (jupytext turns the cell's first line into the magic
+# `%matplotlib inline`); in a script, the line does nothing
+figure  # noqa: B018

@@ -113,5 +113,5 @@ for folder, algorithm in algorithms.items():
     )
     curve = run.history.groupby("round")["global_f1"].first()
     lines.append("  global F1 by round: " + " ".join(f"{v:.2f}" for v in curve))
-print("\n".join(lines))
 (OUT / "comparison.txt").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
