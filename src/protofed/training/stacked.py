@@ -34,8 +34,7 @@ models, FedRep's head then body); what runs stacked is decided there, once per r
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -146,17 +145,6 @@ def model_reason(model: nn.Module) -> str | None:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return "the model has dropout, whose masks stacked would not be each client's own"
     return None
-
-
-@contextlib.contextmanager
-def _plain_linear() -> Iterator[None]:
-    """protofed's Linear on torch's own op: its oneDNN autograd function has no vmap rule."""
-    before = linear.USE_ONEDNN
-    linear.USE_ONEDNN = False
-    try:
-        yield
-    finally:
-        linear.USE_ONEDNN = before
 
 
 @dataclass
@@ -368,7 +356,8 @@ def _run(
     was_training = model.training
     model.train()
     try:
-        with _plain_linear():
+        # protofed's Linear on torch's own op: its oneDNN autograd function has no vmap rule
+        with linear.onednn_products(False):
             for t, k in enumerate(plan.active):
                 rows = index[t, :k]
                 with precision:
