@@ -552,6 +552,36 @@ class PrivacyConfig(_Section):
         description="adaptive: std of the noise on the unclipped count; None: the round's "
         "clients / 20, as in the paper.",
     )
+    secure_aggregation: bool = Field(
+        False,
+        description="central mode on Flower: the clipped replies are added up by Flower's "
+        "SecAgg+ (masks that cancel in the sum), so the server holds their sum, never one "
+        "of them, and adds the noise to it.",
+    )
+    secagg_threshold: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="secure_aggregation: the fraction of a client's neighbours whose key "
+        "shares rebuild its masks if it drops out (Flower's reconstruction_threshold); a "
+        "server colluding with fewer learns nothing of a reply.",
+    )
+
+    @model_validator(mode="after")
+    def _secure_aggregation_is_central(self) -> PrivacyConfig:
+        """SecAgg+ hides the replies in a sum: it serves central mode, where the sum is all
+        the server needs, and leaves no single reply for the audit's canaries to sit beside."""
+        if self.secure_aggregation and self.mode != "central":
+            raise ValueError(
+                "privacy.secure_aggregation sums the clipped replies for the server's noise: "
+                "it needs privacy.mode=central (local mode's replies are noised already)"
+            )
+        if self.secure_aggregation and self.audit:
+            raise ValueError(
+                "privacy.audit: the audit's canaries are not inserted into a secure "
+                "aggregation's sum yet; set privacy.audit=0 or privacy.secure_aggregation=false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keys_mean_privacy(self) -> PrivacyConfig:

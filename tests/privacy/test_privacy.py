@@ -19,11 +19,11 @@ from protofed.config import PrivacyConfig, load_config
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
 from protofed.privacy import accounting, plan
+from protofed.privacy.central import central_mean
 from protofed.privacy.entropy import SecureNoise, SeededNoise
 from protofed.privacy.mechanisms import (
     PRIVACY,
     binary_names,
-    central_mean,
     clip_reply,
     decode_binary,
     noise_reply,

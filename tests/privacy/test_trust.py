@@ -20,8 +20,9 @@ from protofed.core.seeding import PRIVACY_SERVER, sample_clients, torch_generato
 from protofed.errors import ConfigError
 from protofed.privacy import accounting, plan
 from protofed.privacy.audit import gaussian_epsilon
+from protofed.privacy.central import UNCLIPPED
 from protofed.privacy.entropy import NOT_A_GUARANTEE, SeededNoise
-from protofed.privacy.private import COUNT_SENSITIVITY, PRIVACY, UNCLIPPED
+from protofed.privacy.private import COUNT_SENSITIVITY, PRIVACY
 from protofed.runtime import prepare, simulate
 
 DIGITS = [*DIGITS_SMALL, "eval.every=3"]

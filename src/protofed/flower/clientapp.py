@@ -22,7 +22,9 @@ message and rebuilds it from its partition file.
 
 Fault drills (`PROTOFED_FLOWER_FAULT`, see `_fault`) make a client misbehave for real.
 
-Message types: "query" (who are you: client id, partition header), "train" (fit) and
+Message types: "query" (who are you: client id, partition header), "train" (fit; under
+`privacy.secure_aggregation` Flower's `secaggplus_mod` runs the SecAgg+ stages around it and
+the reply is the clipped reply's summand, masked: flower/secagg.py) and
 "evaluate": in mode "weights" (simulation) the client returns its personalized model
 (`client_model`; with `eval.client_model=trained` the model it kept in `Context.state`, beside
 its state, right after its last training) for the server's evaluation, sending only the
@@ -52,8 +54,10 @@ from protofed.errors import ConfigError
 from protofed.evaluation import class_counts
 from protofed.flower import wire
 from protofed.flower.partitions import Partition, federation_header, load_partition
+from protofed.flower.secagg import secagg_when_asked, summand_content
 from protofed.models.base import FedModel
 from protofed.privacy import released_examples
+from protofed.privacy.central import summand
 from protofed.runtime import Prepared, build_model_and_algorithm, prepare, run_fit
 from protofed.runtime.local import keeps_trained
 from protofed.runtime.prepare import resolve_device
@@ -226,7 +230,7 @@ def _corrupt(records: Records, kind: str) -> Records:
     return {**records, record: bad}
 
 
-app = ClientApp()
+app = ClientApp(mods=[secagg_when_asked])  # Flower's SecAgg+ mod, for its own rounds only
 
 
 @app.query()
@@ -264,6 +268,12 @@ def train(msg: Message, context: Context) -> Message:
         trained = side.algorithm.trained_model(message, result)
         context.state[_trained_key(key)] = wire.to_record(trained)
     reply = result.reply if fault is None else _corrupt(result.reply, fault)
+    if str(task["mode"]) == wire.SECAGG:  # secagg.py: the summand, masked by the mod
+        privacy = side.cfg.privacy
+        if not (privacy.enabled and privacy.secure_aggregation):
+            raise ConfigError("a secure-aggregation round for a run without it is refused")
+        layout, values = summand(reply, message, side.algorithm.setting.num_classes)
+        return Message(summand_content(layout, values), reply_to=msg)
     examples = released_examples(side.cfg.privacy.enabled, len(data.train_y))
     examples = 1e12 if fault == "inflate" else examples
     metrics = {**result.metrics, wire.NUM_EXAMPLES: examples}

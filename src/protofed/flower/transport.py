@@ -30,7 +30,10 @@ from flwr.serverapp import Grid
 from protofed.core.types import MODEL, Arrays, Delivery, Records, Reply, nbytes
 from protofed.errors import RunStopped
 from protofed.flower import wire
+from protofed.flower.secagg import secure_sum
 from protofed.flower.validation import Rejected, ReplyValidator
+from protofed.privacy import summand_bound
+from protofed.privacy.central import SECURE_SUM, secure_sum_record
 from protofed.runtime import Prepared
 
 log = logging.getLogger("protofed.flower")
@@ -208,6 +211,9 @@ class FlowerTransport:
 
     # the transport ---------------------------------------------------------------------------
     def fit(self, server: Records, server_round: int, clients: list[int]) -> Iterator[Delivery]:
+        if self.cfg.privacy.enabled and self.cfg.privacy.secure_aggregation:
+            yield from self.secure_fit(server, server_round, clients)
+            return
         messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
         cache: dict = {}
         contents = {
@@ -257,6 +263,58 @@ class FlowerTransport:
         for i, reply in enumerate(kept):
             down = sent[reply.client] + (unanswered if i == 0 else 0)
             yield Delivery(reply, down, nbytes(reply.records))
+
+    def secure_fit(
+        self, server: Records, server_round: int, clients: list[int]
+    ) -> Iterator[Delivery]:
+        """The round under `privacy.secure_aggregation` (secagg.py): the clients train as
+        ever, but only the SecAgg+ sum of their clipped replies reaches the server, handed
+        to the privacy layer as each survivor's reply (`privacy.central.SECURE_SUM`)."""
+        if len(clients) < 2:  # a sum of one reply is that reply: nothing is released
+            log.warning(
+                "round %d: secure aggregation needs 2 or more clients, %d sampled: the round "
+                "releases nothing",
+                server_round,
+                len(clients),
+            )
+            return
+        assert self.grid is not None, "not attached to a Flower Grid"
+        messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
+        cache: dict = {}
+        contents = {
+            self.node_of[cid]: self.content(
+                wire.TRAIN, server_round, cid, m, mode=wire.SECAGG, cache=cache
+            )
+            for cid, m in messages.items()
+        }
+        result = secure_sum(
+            self.grid,
+            exchange,
+            contents,
+            server_round,
+            summand_bound(server, self.cfg.privacy),
+            self.cfg.privacy.secagg_threshold,
+            self.cfg.flower.timeout_s,
+        )
+        del contents, cache
+        client_of = {node: cid for cid, node in self.node_of.items()}
+        survivors = sorted(client_of[n] for n in result.survivors) if result else []
+        for cid in sorted(set(clients) - set(survivors)):
+            reason = "secure aggregation halted" if result is None else "dropped out of SecAgg+"
+            log.warning("round %d: client %d left out: %s", server_round, cid, reason)
+            self.rejected.append({"round": server_round, "client": cid, "reason": reason})
+        if result is None or len(survivors) < self.cfg.flower.min_replies:
+            raise RoundFailed(
+                f"round {server_round}: {len(survivors)} client(s) of {len(clients)} in the "
+                f"secure sum, flower.min_replies={self.cfg.flower.min_replies}"
+            )
+        record = secure_sum_record(result.layout, result.total, len(survivors))
+        lost = sum(result.down.get(self.node_of[c], 0) for c in set(clients) - set(survivors))
+        for i, cid in enumerate(survivors):
+            node = self.node_of[cid]
+            down = result.down.get(node, 0) + (lost if i == 0 else 0)
+            reply = Reply(cid, {SECURE_SUM: record}, {}, 1.0)
+            yield Delivery(reply, down, result.up.get(node, 0))
 
     def client_models(self, server: Records, server_round: int) -> Callable[[int], Arrays]:
         """Every client's personalized model, fetched from the clients in one exchange."""

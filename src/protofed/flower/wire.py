@@ -46,6 +46,8 @@ GLOBAL, SCORES, TASK, METRICS, INFO, STATE = (
 NUM_EXAMPLES = "num_examples"  # the reply's training-set size, among its metrics
 # the message types (Flower's "train" and "evaluate"; "query" asks a node who it is)
 TRAIN, EVALUATE, QUERY = "train", "evaluate", "query"
+SECAGG = "secagg"
+"""A training task's mode under `privacy.secure_aggregation`: reply with the summand only."""
 
 
 def to_record(arrays: Arrays) -> ArrayRecord:

@@ -5,7 +5,14 @@ mean (`central`) or on each reply (`local`), epsilon from dp-accounting after ev
 """
 
 from protofed.privacy.accounting import calibrate, epsilon, round_event
-from protofed.privacy.private import Plan, Private, plan, private, released_examples
+from protofed.privacy.private import (
+    Plan,
+    Private,
+    plan,
+    private,
+    released_examples,
+    summand_bound,
+)
 
 __all__ = [
     "Plan",
@@ -16,4 +23,5 @@ __all__ = [
     "private",
     "released_examples",
     "round_event",
+    "summand_bound",
 ]

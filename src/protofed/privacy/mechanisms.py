@@ -19,8 +19,8 @@ A reply is split into groups, each clipped as one vector to its own bound:
 With G groups, group g clipped to C_g, the reply scaled group by group to C_g = 1 is a
 vector of norm at most sqrt(G); Gaussian noise of std sigma x sqrt(G) x C_g on group g is
 then the Gaussian mechanism with multiplier sigma on that vector, whatever G is. `central`
-adds it once to the sum of the round's replies at the server, `local` to each reply on the
-client.
+adds it once to the sum of the round's replies at the server (central.py), `local` to each
+reply on the client.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from protofed.core.types import Arrays, Records, Reply
+from protofed.core.types import Arrays, Records
 from protofed.errors import ConfigError
 from protofed.privacy.entropy import NoiseSource
-from protofed.prototypes import pack_prototypes, unpack_prototypes
 
 PRIVACY = "privacy"
 """The record of the privacy layer's own values: the clip norm down, the unclipped bit and
@@ -205,107 +204,6 @@ def noise_reply(
     return out
 
 
-def _mean_update(
-    replies: list[Reply],
-    sent: list[Records],
-    name: str,
-    std: float,
-    denominator: float,
-    source: NoiseSource,
-    observed: dict[str, torch.Tensor] | None = None,
-) -> Arrays:
-    """The noised mean difference of an update record (float keys only)."""
-    total: Arrays = {}
-    for reply, message in zip(replies, sent, strict=True):
-        for key, delta in deltas(reply.records[name], message[name]).items():
-            total[key] = total[key] + delta if key in total else delta.clone()
-    released = {k: v + noise(v, std, source) for k, v in total.items()}
-    if observed is not None:
-        observed[name] = flat(released)
-    return {k: v / denominator for k, v in released.items()}
-
-
 def flat(arrays: Arrays) -> torch.Tensor:
     """A record's values as one float64 vector, in the record's key order."""
     return torch.cat([v.double().flatten() for v in arrays.values()])
-
-
-def _mean_prototypes(
-    replies: list[Reply],
-    name: str,
-    std: float,
-    num_classes: int,
-    source: NoiseSource,
-    observed: dict[str, torch.Tensor] | None = None,
-) -> Arrays:
-    """Per class, the noised sum of the clients' clipped means over the clients that sent it
-    (which clients hold a class is in the clear: their class indices are sent as they are)."""
-    tables = [unpack_prototypes(r.records[name], num_classes) for r in replies]
-    dim = max(m.shape[1] for m, _ in tables)
-    sums = torch.zeros(num_classes, dim, dtype=tables[0][0].dtype)
-    holders = torch.zeros(num_classes, dtype=sums.dtype)
-    for means, counts in tables:
-        if means.shape[1] == dim:
-            sums += means
-            holders += (counts > 0).to(sums.dtype)
-    released = sums + noise(sums, std, source)
-    if observed is not None:
-        observed[name] = released.double().flatten()
-    noised = released / holders.clamp(min=1).unsqueeze(1)
-    packed = pack_prototypes(noised, holders)
-    if not all("counts" in r.records[name] for r in replies):
-        packed.pop("counts")
-    else:
-        packed["counts"] = torch.ones_like(packed["counts"])
-    return packed
-
-
-def central_mean(
-    replies: list[Reply],
-    sent: list[Records],
-    stds: tuple[float, float],
-    denominator: float,
-    num_classes: int,
-    source: NoiseSource,
-    observed: dict[str, torch.Tensor] | None = None,
-) -> list[Reply]:
-    """`central` mode: every reply replaced by the noised mean of the round's clipped
-    replies (an update: the client's own message plus the mean difference), so whatever
-    the algorithm's `aggregate` computes is post-processing of that one noised release.
-    Every reply then weighs the same. `observed`, where given, receives each group's noised
-    sum as one float64 vector (what the audit observes)."""
-    groups = split(replies[0].records, sent[0])
-    for reply, message in zip(replies, sent, strict=True):
-        if split(reply.records, message) != groups:  # one release needs one shape
-            raise ValueError(
-                f"privacy: client {reply.client}'s reply has other records than client "
-                f"{replies[0].client}'s ({split(reply.records, message)} vs {groups})"
-            )
-    means = {
-        name: _mean_update(replies, sent, name, stds[0], denominator, source, observed)
-        for name in groups.update
-    }
-    others: Records = {}
-    for name in groups.others:
-        if is_prototypes(replies[0].records[name]):
-            others[name] = _mean_prototypes(replies, name, stds[1], num_classes, source, observed)
-            continue
-        total = {
-            k: torch.stack([r.records[name][k] for r in replies]).sum(0)
-            for k in replies[0].records[name]
-        }
-        released = {k: v + noise(v, stds[1], source) for k, v in total.items()}
-        if observed is not None:
-            observed[name] = flat(released)
-        others[name] = {k: v / denominator for k, v in released.items()}
-    out = []
-    for reply, message in zip(replies, sent, strict=True):
-        records = {
-            name: {
-                k: message[name][k] + means[name][k] if k in means[name] else message[name][k]
-                for k in reply.records[name]
-            }
-            for name in groups.update
-        }
-        out.append(Reply(reply.client, {**records, **others}, {}, 1.0))
-    return out

@@ -41,11 +41,18 @@ from protofed.core.results import PrivacySummary
 from protofed.core.types import AggregateResult, Arrays, FitResult, Records, Reply
 from protofed.errors import ConfigError
 from protofed.privacy import accounting, audit
+from protofed.privacy.central import (
+    SECURE_SUM,
+    UNCLIPPED,
+    central_mean,
+    release,
+    released_replies,
+    secure_sums,
+)
 from protofed.privacy.entropy import NoiseSource, client_noise, server_noise
 from protofed.privacy.mechanisms import (
     PRIVACY,
     binary_names,
-    central_mean,
     clip_reply,
     decode_binary,
     deltas,
@@ -58,7 +65,7 @@ from protofed.prototypes import pack_prototypes, unpack_prototypes
 from protofed.training.client import Client
 
 log = logging.getLogger("protofed")
-CLIP, UNCLIPPED, PRESENCE = "clip_norm", "unclipped", "class_presence"
+CLIP, PRESENCE = "clip_norm", "class_presence"
 OBSERVED = "audit."
 """Server-state keys of the audit's observation, one per group: `audit.<record>`."""
 COUNT_SENSITIVITY = 0.5
@@ -204,38 +211,21 @@ class Private(Algorithm):
         inner, privacy = _apart(server)
         received = list(replies)
         clip = float(privacy[CLIP])
-        unclipped = sum(float(r.records.get(PRIVACY, {}).get(UNCLIPPED, 0.0)) for r in received)
-        released = [Reply(r.client, _apart(r.records)[0], {}, 1.0) for r in received]
         source = server_noise(self.secure, self.setting.seed, server_round)
-        needs_sent = self.dp.cfg.mode == "central" or self.dp.cfg.audit
-        sent = [  # what each client was sent: its reply's updates are measured against it
-            _apart(self.configure(server, r.client, server_round))[0]
-            for r in (released if needs_sent else [])
-        ]
-        canaries = self._canaries(released, sent, server_round, clip)
-        groups = split(released[0].records, sent[0]) if sent else None
-        updates = set(groups.update) if groups is not None else set()
-        stds = self._stds(groups.count, clip) if groups is not None else (0.0, 0.0)
         observed: dict[str, torch.Tensor] | None = {} if self.dp.cfg.audit else None
-        if self.dp.cfg.mode == "central" and released:
-            every = released + [Reply(-1, c, {}, 1.0) for c in canaries]
-            released = central_mean(
-                every,
-                sent + [sent[0]] * len(canaries),
-                stds,
-                self.dp.per_round,
-                self.setting.num_classes,
-                source,
-                observed,
-            )[: len(released)]
-        elif observed is not None and released:  # local: the noised replies, canaries too
-            noised = [noise_reply(c, sent[0], stds, source) for c in canaries]
-            seen = [r.records for r in released] + noised
-            observed.update(self._summed(seen, sent + [sent[0]] * len(noised)))
-        released = [  # binary records back as bits (mechanisms.py): post-processing
-            Reply(out.client, decode_binary(out.records, binary_names(r.records)), {}, 1.0)
-            for out, r in zip(released, received, strict=True)
-        ]
+        if received and SECURE_SUM in received[0].records:  # Flower's SecAgg+: the sum only
+            released, unclipped, updates = self._release_secure_sum(
+                server, received, server_round, clip, source, observed
+            )
+        elif self.dp.cfg.secure_aggregation and received:
+            raise ConfigError(
+                "privacy.secure_aggregation: the server received the clients' individual "
+                "replies; secure aggregation runs on Flower only (--engine flower)"
+            )
+        else:
+            released, unclipped, updates = self._release(
+                server, received, server_round, clip, source, observed
+            )
         if released:
             result = self.inner.aggregate(inner, released, server_round)
         else:  # Poisson sampling drew nobody: the model stays (docs/privacy.md)
@@ -258,6 +248,71 @@ class Private(Algorithm):
             layer.update(self._observe(privacy, observed or {}, clip, updates))
         server_state = {**result.server, PRIVACY: layer}
         return AggregateResult(server_state, metrics)
+
+    def _release(
+        self,
+        server: Records,
+        received: list[Reply],
+        server_round: int,
+        clip: float,
+        source: NoiseSource,
+        observed: dict[str, torch.Tensor] | None,
+    ) -> tuple[list[Reply], float, set[str]]:
+        """The round's release from the individual replies: (the replies the algorithm
+        aggregates, the sum of adaptive clipping's bits, the update records' names)."""
+        unclipped = sum(float(r.records.get(PRIVACY, {}).get(UNCLIPPED, 0.0)) for r in received)
+        released = [Reply(r.client, _apart(r.records)[0], {}, 1.0) for r in received]
+        needs_sent = self.dp.cfg.mode == "central" or self.dp.cfg.audit
+        sent = [  # what each client was sent: its reply's updates are measured against it
+            _apart(self.configure(server, r.client, server_round))[0]
+            for r in (released if needs_sent else [])
+        ]
+        canaries = self._canaries(released, sent, server_round, clip)
+        groups = split(released[0].records, sent[0]) if sent else None
+        updates = set(groups.update) if groups is not None else set()
+        stds = self._stds(groups.count, clip) if groups is not None else (0.0, 0.0)
+        if self.dp.cfg.mode == "central" and released:
+            every = released + [Reply(-1, c, {}, 1.0) for c in canaries]
+            released = central_mean(
+                every,
+                sent + [sent[0]] * len(canaries),
+                stds,
+                self.dp.per_round,
+                self.setting.num_classes,
+                source,
+                observed,
+            )[: len(released)]
+        elif observed is not None and released:  # local: the noised replies, canaries too
+            noised = [noise_reply(c, sent[0], stds, source) for c in canaries]
+            seen = [r.records for r in released] + noised
+            observed.update(self._summed(seen, sent + [sent[0]] * len(noised)))
+        released = [  # binary records back as bits (mechanisms.py): post-processing
+            Reply(out.client, decode_binary(out.records, binary_names(r.records)), {}, 1.0)
+            for out, r in zip(released, received, strict=True)
+        ]
+        return released, unclipped, updates
+
+    def _release_secure_sum(
+        self,
+        server: Records,
+        received: list[Reply],
+        server_round: int,
+        clip: float,
+        source: NoiseSource,
+        observed: dict[str, torch.Tensor] | None,
+    ) -> tuple[list[Reply], float, set[str]]:
+        """The round's release from a secure aggregation's sum (flower/secagg.py): the same
+        noise on the same sums as `_release`, without any individual reply."""
+        sums = secure_sums(received, self.setting.num_classes)
+        clients = [r.client for r in received]
+        sent = [_apart(self.configure(server, c, server_round))[0] for c in clients]
+        stds = self._stds(sums.groups.count, clip)
+        means, others = release(sums, stds, self.dp.per_round, source, observed)
+        released = [
+            Reply(out.client, decode_binary(out.records, sums.binary), {}, 1.0)
+            for out in released_replies(sums, means, others, clients, sent)
+        ]
+        return released, sums.unclipped, set(sums.groups.update)
 
     # the audit (audit.py) ----------------------------------------------------------------
     def _canaries(
@@ -386,6 +441,14 @@ class Private(Algorithm):
 
     def prototypes(self, server: Records) -> dict[str, Any] | None:
         return self.inner.prototypes(_apart(server)[0])
+
+
+def summand_bound(server: Records, cfg: PrivacyConfig) -> float:
+    """The largest magnitude a coordinate of a client's summand can have this round (the
+    range SecAgg+ quantizes within): a clipped vector's entries stay within its bound, a
+    presence flag within 1, adaptive clipping's bit within 1/2."""
+    clip = float(_apart(server)[1].get(CLIP, torch.tensor(cfg.clip_norm)))
+    return max(clip, cfg.prototype_clip, 1.0)
 
 
 PUBLIC_EXAMPLES = 1.0
