@@ -41,6 +41,7 @@ from protofed.privacy.entropy import SeededNoise
 from protofed.privacy.mechanisms import PRIVACY, encode_binary
 from protofed.prototypes import pack_prototypes
 from protofed.runtime import prepare, simulate
+from protofed.runtime.engine import start
 
 SECURE = [
     *DIGITS_SMALL,
@@ -184,10 +185,13 @@ def test_secure_aggregation_is_refused_where_it_cannot_hold(extra, match) -> Non
         load_config(None, [*SECURE, *extra])
 
 
-def test_the_builtin_engine_refuses_secure_aggregation() -> None:
-    loop = simulate(prepare(load_config(None, SECURE)))
-    with pytest.raises(ConfigError, match="secure_aggregation"):
-        loop.run()
+def test_the_builtin_engine_refuses_secure_aggregation(tmp_path) -> None:
+    cfg = load_config(None, SECURE)
+    with pytest.raises(ConfigError, match="secure_aggregation runs on Flower only"):
+        start(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before any file
+    with pytest.raises(ConfigError, match="secure_aggregation runs on Flower only"):
+        simulate(prepare(cfg))
 
 
 def _summands(cfg, node_configs, transport: FlowerTransport, server, clients) -> dict:

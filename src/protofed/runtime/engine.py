@@ -21,12 +21,23 @@ from protofed.runtime.scoring import ServerSideEvaluation
 from protofed.runtime.stacking import use_stacked
 
 
+def refuse_secure_aggregation(cfg: ExperimentConfig) -> None:
+    """Secure aggregation hides each reply from the server in a sum; in one process the
+    server holds every reply, so the built-in engine refuses it (before any file is made)."""
+    if cfg.privacy.enabled and cfg.privacy.secure_aggregation:
+        raise ConfigError(
+            "privacy.secure_aggregation runs on Flower only (--engine flower, or a "
+            "deployment): the built-in engine holds every client's reply in one process"
+        )
+
+
 def simulate(
     prepared: Prepared, run_dir: RunDir | None = None, stacked: bool | None = None
 ) -> RoundLoop:
     """A round loop that trains every client in this process (`train.workers` processes;
     unset, one per usable core: `resolve_workers`), or all of a round's clients at once
     where `stacked`: `use_stacked`'s decision, made here where not given."""
+    refuse_secure_aggregation(prepared.cfg)
     if stacked is None:
         stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)
     train = prepared.cfg.train
@@ -60,6 +71,7 @@ def recorded_count(prepared: Prepared) -> Prepared:
 
 def start(cfg: ExperimentConfig, out: str | Path, overwrite: bool = False) -> RoundLoop:
     """Validate and build everything, then create the run directory."""
+    refuse_secure_aggregation(cfg)
     prepared = recorded_count(prepare(cfg))
     stacked = use_stacked(prepared.cfg, prepared.algorithm, prepared.model)  # refused: no files
     run = RunDir.create(
