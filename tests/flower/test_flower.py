@@ -294,6 +294,10 @@ def session(har, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("flower")
     configs = {case: _config(har["4"], case.split(":")[0], *extra) for case, extra in CASES.items()}
     builtin = {case: simulate(prepare(configs[case])).run().to_json() for case in CASES}
+    # SecAgg+ on Ray's nodes: the built-in engine releases the same sum (no secure sum there)
+    secagg = [*DP, "privacy.adaptive=true", "privacy.count_noise=1"]
+    builtin["secagg"] = simulate(prepare(_config(har["4"], "fedavg", *secagg))).run().to_json()
+    configs["secagg"] = _config(har["4"], "fedavg", *secagg, "privacy.secure_aggregation=true")
     configs["tolerated"] = _config(har["6"], "fedavg", "train.rounds=3", "flower.min_replies=4")
     configs["too_few"] = _config(
         har["6"], "fedavg", "train.rounds=3", "flower.min_replies=5", "eval.every=3"
@@ -352,6 +356,20 @@ def test_flower_simulation_equals_the_builtin_engine(session, name) -> None:
     }
     assert json.loads((run / "summary.json").read_text())["final"] == ours["final"]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_secure_aggregation_releases_what_the_server_would_sum(session) -> None:
+    """With seeded noise both engines add the same noise to the same sums: the secure sum
+    (SecAgg+ through Ray's nodes) differs from the plain one by SecAgg+'s quantization only."""
+    ours, ref = session["flower"]["secagg"], session["builtin"]["secagg"]
+    assert not isinstance(ours, BaseException), ours
+    assert ours["flower"]["rejected"] == 0
+    assert ours["privacy"]["epsilon"] == pytest.approx(ref["privacy"]["epsilon"])
+    assert ours["privacy"]["clip_norm"] == pytest.approx(ref["privacy"]["clip_norm"], rel=1e-4)
+    for part in ("personalization", "global"):
+        for key, value in ref["final"][part].items():
+            assert ours["final"][part][key] == pytest.approx(value, abs=2e-3), (part, key)
+    assert ours["comm"]["up_bytes"] > ref["comm"]["up_bytes"]  # keys and shares besides
 
 
 @pytest.mark.parametrize("name", sorted(test_golden.RUNS))
