@@ -74,6 +74,27 @@ _WISDM = Remote(
 )
 _WISDM_TERMS = "free for research; cite Kwapisz et al. 2010 and keep readme.txt with the data"
 
+_FEDALI_DOCS = {
+    "convert_realworld": "realworld2016_dataset.zip's acc_<activity>_<position>.csv -> X (N, 3, "
+    "128) at 50 Hz, 50 % overlap, z-scored per device; one client per subject x position (105).",
+    "convert_hhar_paper": "Phones_accelerometer.csv, every phone -> X (N, 3, 128) at 50 Hz, 50 % "
+    "overlap, z-scored per device; one client per user x phone model (36).",
+}
+
+
+def _fedali(name: str) -> Callable[[Path, Path], list[Path]]:
+    """A converter of data.sources.fedali_har, imported only when it runs (it loads torch)."""
+
+    def run(raw: Path, root: Path) -> list[Path]:
+        from protofed.data.sources import fedali_har
+
+        converter: Callable[[Path, Path], list[Path]] = getattr(fedali_har, name)
+        return converter(raw, root)
+
+    run.__doc__ = _FEDALI_DOCS[name]
+    return run
+
+
 SOURCES: dict[str, Source] = {
     "uci_har": Source(
         publisher="UCI ML Repository",
@@ -141,6 +162,48 @@ SOURCES: dict[str, Source] = {
         differs="The shared copy holds only AdaTime's test windows of the Samsung phones; the "
         "converter windows every Galaxy S3 recording (non-overlapping, 128 samples) and splits "
         "two thirds of each user's windows for training. FedAli used the full HHAR.",
+    ),
+    "hhar_paper": Source(
+        publisher="UCI ML Repository",
+        files=(
+            Remote(
+                "heterogeneity_activity_recognition.zip",
+                (f"{_UCI}/static/public/344/heterogeneity+activity+recognition.zip",),
+                None,
+                1_100 * MB,
+            ),
+        ),
+        convert=_fedali("convert_hhar_paper"),
+        produces=("har/hhar_paper.npz",),
+        homepage=f"{_UCI}/dataset/344",
+        licence="CC BY 4.0",
+        citation="Stisen et al., SenSys 2015",
+        raw="hhar",
+        differs="FedAli's clients (user x phone model, 36) at 50 Hz with 50 % overlap; "
+        "accelerometer only (the paper adds the gyroscope).",
+    ),
+    "realworld": Source(
+        publisher="Univ. Mannheim",
+        files=(
+            Remote(
+                "realworld2016_dataset.zip",
+                (
+                    "http://wifo5-14.informatik.uni-mannheim.de/sensor/dataset/realworld2016/"
+                    "realworld2016_dataset.zip",
+                ),
+                None,
+                3_500 * MB,
+            ),
+        ),
+        convert=_fedali("convert_realworld"),
+        produces=("har/realworld.npz",),
+        homepage="https://www.uni-mannheim.de/dws/research/projects/activity-recognition/"
+        "dataset/dataset-realworld/",
+        licence="research use",
+        terms="see the homepage; cite Sztyler and Stuckenschmidt, PerCom 2016",
+        citation="Sztyler and Stuckenschmidt, PerCom 2016",
+        differs="FedAli's clients (subject x body position, 105) at 50 Hz with 50 % overlap; "
+        "accelerometer only (the paper adds the gyroscope).",
     ),
     "wesad": Source(
         publisher="Univ. Siegen",
@@ -304,6 +367,7 @@ SOURCES: dict[str, Source] = {
 COMPOSITE = {
     "digits_domains": ("mnist", "usps", "mnist_m"),
     "har_combined": ("uci_har", "wisdm", "hhar"),
+    "fedali_combined": ("hhar_paper", "realworld"),
 }
 
 

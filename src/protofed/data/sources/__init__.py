@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from protofed import plugins
 from protofed.config import DataConfig
 from protofed.core.files import first_line
-from protofed.data.sources import arrays, har, images, synthetic, wesad
+from protofed.data.sources import arrays, fedali_har, har, images, synthetic, wesad
 from protofed.data.sources.files import data_root, recording_reads, require_finite
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
@@ -78,6 +78,21 @@ DATASETS: dict[str, DatasetInfo] = {
         "users of several HAR sets (data.members; default hhar + wisdm: 45 users, 7 activities)",
         har.load_har_combined,
         "the member sets (see those entries), harmonized",
+    ),
+    "realworld": DatasetInfo(
+        "RealWorld HAR 2016 accelerometer windows (3 x 128, 50 Hz), 8 activities, 105 clients",
+        fedali_har.load_realworld,
+        "Univ. Mannheim: RealWorld (HAR) 2016, one client per subject x body position",
+    ),
+    "hhar_paper": DatasetInfo(
+        "HHAR accelerometer windows of every phone (3 x 128, 50 Hz), 6 activities, 36 clients",
+        fedali_har.load_hhar_paper,
+        f"{_UCI}: Heterogeneity Activity Recognition, one client per user x phone model",
+    ),
+    "fedali_combined": DatasetInfo(
+        "FedAli's Combined: hhar_paper + realworld clients (141), 9 activities",
+        fedali_har.load_fedali_combined,
+        "hhar_paper and realworld (see those entries), harmonized",
     ),
     "wisdm_features": DatasetInfo(
         "WISDM v1.1 transformed features (43 per 10 s window), 6 activities, 36 users",
