@@ -99,14 +99,14 @@ def _windows(signal: np.ndarray, length: int) -> np.ndarray:
     return signal[: n * length].reshape(n, length, signal.shape[1]).transpose(0, 2, 1)
 
 
-def _runs(keys: np.ndarray) -> Iterator[tuple[int, int]]:
+def contiguous_runs(keys: np.ndarray) -> Iterator[tuple[int, int]]:
     """(start, stop) of each run of equal consecutive rows of `keys` (N, K)."""
     change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
     bounds = np.concatenate([[0], change, [len(keys)]])
     yield from zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
 
 
-def _split_per_group(groups: np.ndarray, train_fraction: float) -> np.ndarray:
+def split_per_group(groups: np.ndarray, train_fraction: float) -> np.ndarray:
     """0 train / 1 test: in each group a seeded random `train_fraction` (rounded up) is train."""
     rng = np.random.default_rng(0)
     split = np.ones(len(groups), dtype=np.int8)
@@ -123,7 +123,7 @@ def _zscore_channels(X: np.ndarray) -> np.ndarray:
     return ((X - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
 
 
-def _open_member(archive: zipfile.ZipFile, suffix: str) -> IO[bytes]:
+def open_member(archive: zipfile.ZipFile, suffix: str) -> IO[bytes]:
     """The one member whose path ends in `suffix` (anywhere in the tree)."""
     names = [n for n in archive.namelist() if n.endswith(suffix) and "__MACOSX" not in n]
     if not names:
@@ -175,11 +175,11 @@ def convert_uci_har(raw: Path, root: Path) -> list[Path]:
     for code, part in enumerate(("train", "test")):
         signals = []
         for channel in UCI_CHANNELS:
-            with _open_member(archive, f"{part}/Inertial Signals/{channel}_{part}.txt") as f:
+            with open_member(archive, f"{part}/Inertial Signals/{channel}_{part}.txt") as f:
                 signals.append(_text_matrix(f))
-        with _open_member(archive, f"{part}/y_{part}.txt") as f:
+        with open_member(archive, f"{part}/y_{part}.txt") as f:
             y = _text_matrix(f).reshape(-1).astype(np.int64) - 1
-        with _open_member(archive, f"{part}/subject_{part}.txt") as f:
+        with open_member(archive, f"{part}/subject_{part}.txt") as f:
             subject = _text_matrix(f).reshape(-1).astype(np.int64)
         for channel, sig in zip(UCI_CHANNELS, signals, strict=True):
             if sig.shape != (len(y), 128):
@@ -259,7 +259,7 @@ def convert_wisdm(raw: Path, root: Path) -> list[Path]:
     user = frame["user"].to_numpy()
     signal = frame[["x", "y", "z"]].to_numpy(np.float32)
     xs, ys, users = [], [], []
-    for start, stop in _runs(np.stack([user, label], axis=1)):
+    for start, stop in contiguous_runs(np.stack([user, label], axis=1)):
         w = _windows(signal[start:stop], WINDOW)
         xs.append(w)
         ys.append(np.full(len(w), label[start]))
@@ -272,7 +272,7 @@ def convert_wisdm(raw: Path, root: Path) -> list[Path]:
             X=X,
             y=np.concatenate(ys).astype(np.int8),
             user=users_all.astype(np.int16),
-            split=_split_per_group(users_all, 2 / 3),
+            split=split_per_group(users_all, 2 / 3),
             channels=np.array(["acc_x", "acc_y", "acc_z"]),
             class_names=np.array(WISDM_CLASSES),
         )
@@ -329,7 +329,7 @@ def convert_hhar(raw: Path, root: Path) -> list[Path]:
     outer = zipfile.ZipFile(zips[0])
     inner_names = [n for n in outer.namelist() if n.endswith(".zip") and "Activity" in n]
     archive = zipfile.ZipFile(io.BytesIO(outer.read(inner_names[0]))) if inner_names else outer
-    with _open_member(archive, "Phones_accelerometer.csv") as f:
+    with open_member(archive, "Phones_accelerometer.csv") as f:
         frame = pd.read_csv(
             f, usecols=["Creation_Time", "x", "y", "z", "User", "Model", "Device", "gt"]
         )
@@ -340,7 +340,7 @@ def convert_hhar(raw: Path, root: Path) -> list[Path]:
     device = pd.factorize(frame["Device"])[0]
     signal = frame[["x", "y", "z"]].to_numpy(np.float32)
     xs, ys, users = [], [], []
-    for start, stop in _runs(np.stack([user, device, label], axis=1)):
+    for start, stop in contiguous_runs(np.stack([user, device, label], axis=1)):
         w = _windows(signal[start:stop], WINDOW)
         xs.append(w)
         ys.append(np.full(len(w), label[start]))
@@ -352,7 +352,7 @@ def convert_hhar(raw: Path, root: Path) -> list[Path]:
             X=_zscore_channels(np.concatenate(xs)),
             y=np.concatenate(ys).astype(np.int8),
             user=users_all.astype(np.int16),
-            split=_split_per_group(users_all, 2 / 3),
+            split=split_per_group(users_all, 2 / 3),
             channels=np.array(["acc_x", "acc_y", "acc_z"]),
             class_names=np.array(HHAR_CLASSES),
         )
@@ -400,7 +400,7 @@ def wesad_features(record: dict, subject: str) -> pd.DataFrame:
         "TEMP": (np.asarray(wrist["TEMP"], dtype=np.float64).reshape(-1), 4),
     }
     rows = []
-    for start, stop in _runs(labels[:, None]):
+    for start, stop in contiguous_runs(labels[:, None]):
         code = int(labels[start])
         if code not in _WESAD_LABELS:
             continue
@@ -655,7 +655,7 @@ def convert_femnist(raw: Path, root: Path) -> list[Path]:
         writer_arr = np.asarray(names)
         keep = _leaf_sample(writer_arr, FEMNIST_FRACTION)
         x, y, writer_arr = x[keep], y[keep], writer_arr[keep]
-        split = _split_per_group(writer_arr, FEMNIST_TRAIN)
+        split = split_per_group(writer_arr, FEMNIST_TRAIN)
     else:
         x, y, names, split = _leaf_json(raw)
         writer_arr = np.asarray(names)

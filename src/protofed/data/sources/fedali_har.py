@@ -128,7 +128,7 @@ class _Windows:
     def save(
         self, path: Path, client_names: list[str], class_names: list[str], **extra: Any
     ) -> Path:
-        from protofed.data.convert import _split_per_group, save_npz
+        from protofed.data.convert import save_npz, split_per_group
 
         if not self.xs or sum(len(x) for x in self.xs) == 0:
             raise ConfigError(f"{path.name}: no recording is long enough for one window")
@@ -139,7 +139,7 @@ class _Windows:
             y=np.concatenate(self.ys).astype(np.int8),
             client=clients,
             client_names=np.array(client_names),
-            split=_split_per_group(clients, TRAIN_FRACTION),
+            split=split_per_group(clients, TRAIN_FRACTION),
             channels=np.array(CHANNELS),
             class_names=np.array(class_names),
             window=np.array(f"{WINDOW} samples at {HZ} Hz, step {STEP} (50 % overlap)"),
@@ -224,7 +224,7 @@ def convert_hhar_paper(raw: Path, root: Path) -> list[Path]:
     one client (9 x 4 = 36); 'null' activity dropped; split: a seeded 80 % per client train."""
     import pandas as pd
 
-    from protofed.data.convert import _open_member
+    from protofed.data.convert import open_member
 
     zips = sorted(raw.glob("*.zip"))
     if not zips:
@@ -232,7 +232,7 @@ def convert_hhar_paper(raw: Path, root: Path) -> list[Path]:
     outer = zipfile.ZipFile(zips[0])
     inner = [n for n in outer.namelist() if n.endswith(".zip") and "Activity" in n]
     archive = zipfile.ZipFile(io.BytesIO(outer.read(inner[0]))) if inner else outer
-    with _open_member(archive, "Phones_accelerometer.csv") as f:
+    with open_member(archive, "Phones_accelerometer.csv") as f:
         frame = pd.read_csv(
             f, usecols=["Creation_Time", "x", "y", "z", "User", "Model", "Device", "gt"]
         )
@@ -246,9 +246,9 @@ def convert_hhar_paper(raw: Path, root: Path) -> list[Path]:
     codes = np.stack(
         [pd.factorize(frame[c])[0] for c in ("User", "Model", "Device")] + [label], axis=1
     )
-    from protofed.data.convert import _runs
+    from protofed.data.convert import contiguous_runs
 
-    for start, stop in _runs(codes):
+    for start, stop in contiguous_runs(codes):
         user, model, device = keys[start]
         recordings = per_client.setdefault((user, model), {}).setdefault(device, [])
         recordings += [
@@ -266,12 +266,12 @@ def convert_hhar_paper(raw: Path, root: Path) -> list[Path]:
 
 
 def _load(cfg: DataConfig, name: str, relpath: str) -> Dataset:
-    from protofed.data.sources.har import _select_channels
+    from protofed.data.sources.har import select_channels
 
     path = require(cfg, name, relpath)
     d = load_npz(path, "X", "y", "client", "client_names", "class_names")
     available = [str(c) for c in d.get("channels", CHANNELS)]
-    chans = _select_channels(name, cfg.channels, available, available)
+    chans = select_channels(name, cfg.channels, available, available)
     names = [str(c) for c in d["client_names"]]
     present = np.unique(d["client"])  # a client without one full window has none
     remap = np.full(len(names), -1, dtype=np.int64)
@@ -311,9 +311,9 @@ def load_hhar_paper(cfg: DataConfig) -> Dataset:
 def load_fedali_combined(cfg: DataConfig) -> Dataset:
     """FedAli's Combined: `hhar_paper`'s and `realworld`'s clients in one federation (141);
     activities matched by meaning (harmonize.canonical_activity), 9 in all."""
-    from protofed.data.sources.har import _select_channels
+    from protofed.data.sources.har import select_channels
 
-    picked = _select_channels("fedali_combined", cfg.channels, CHANNELS, CHANNELS)
+    picked = select_channels("fedali_combined", cfg.channels, CHANNELS, CHANNELS)
     members = [
         loader(cfg.model_copy(update={"channels": "default"}))
         for loader in (load_hhar_paper, load_realworld)

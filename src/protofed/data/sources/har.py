@@ -50,7 +50,7 @@ _UCI_CLASSES = [
 _UCI_FOLDER = "UCI HAR Dataset"
 
 
-def _select_channels(
+def select_channels(
     name: str, spec: str | list[int | str], available: Sequence[str], default: Sequence[str]
 ) -> list[int]:
     """Resolve data.channels ('default', 'all', or names/indices) to indices into `available`."""
@@ -168,7 +168,7 @@ def load_uci_har(cfg: DataConfig) -> Dataset:
     root = data_root(cfg)
     npz_path = root / "har" / "uci_har.npz"
     folder = root / _UCI_FOLDER
-    chans = _select_channels("uci_har", cfg.channels, _UCI_CHANNELS, _UCI_DEFAULT)
+    chans = select_channels("uci_har", cfg.channels, _UCI_CHANNELS, _UCI_DEFAULT)
     if npz_path.is_file():
         raw = _load_uci_npz(npz_path, chans)
     elif folder.is_dir():
@@ -202,7 +202,7 @@ def _sensor_npz(
     path = require(cfg, name, relpath)
     d = load_npz(path, "X", "y", "user")
     available = [str(c) for c in d["channels"]] if "channels" in d else ["acc_x", "acc_y", "acc_z"]
-    chans = _select_channels(name, cfg.channels, available, available)
+    chans = select_channels(name, cfg.channels, available, available)
     groups, group_names = encode(d["user"], "user")
     class_names = [str(c) for c in d["class_names"]] if "class_names" in d else None
     y = as_labels(d["y"])
@@ -247,7 +247,7 @@ def load_har_combined(cfg: DataConfig) -> Dataset:
         raise ConfigError(
             f"data.members: two or more distinct of {', '.join(HAR_WINDOWS)}; got {members}"
         )
-    picked = _select_channels("har_combined", cfg.channels, COMBINED_CHANNELS, COMBINED_CHANNELS)
+    picked = select_channels("har_combined", cfg.channels, COMBINED_CHANNELS, COMBINED_CHANNELS)
     loaded = [
         registered(m).loader(cfg.model_copy(update={"name": m, "channels": "default"}))
         for m in members
