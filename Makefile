@@ -9,7 +9,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test test-fast lint docs clean
+.PHONY: install run test test-fast lint docs notebooks clean
 
 install: $(STAMP)
 
@@ -69,6 +69,15 @@ test-fast: lint
 # the documentation site, offline, into site/; --strict: a broken link or API object fails
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# the tutorials' notebooks (docs/tutorials/NAME.ipynb, the site's pages) executed anew from
+# their scripts (NAME.py), to commit with their outputs: after editing a tutorial's script
+# (tests/test_tutorials.py fails until then). Needs the tutorials' data sets in the data root
+# (protofed data fetch uci_har wisdm_features, or PROTOFED_DATA=DIR); about 6 minutes on 2 shared
+# cores, the FedAli comparison at its full size 3 to 4 of them.
+# One of them: make notebooks TUTORIALS=own_csv
+notebooks: install
+	$(BIN)/python docs/tutorials/_notebooks.py $(TUTORIALS)
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks experiments docs/tutorials/*.py
