@@ -287,7 +287,7 @@ class Plan:
 
 TORCH = Plan()  # torch's own kernels and autograd: the default wherever nothing was measured
 _CHOSEN: dict[str, Plan] = {}  # this process's choices, by key
-_WARMUP, _ROUNDS, _STEPS = 2, 3, 5  # per candidate: untimed steps, then rounds of timed steps
+_WARMUP, _ROUNDS, _STEPS = 2, 5, 4  # per candidate: untimed steps, then rounds of timed steps
 _MARGIN = 0.02  # an alternative must beat the first candidate (the default) by 2 %
 
 
