@@ -8,9 +8,7 @@ copy in docs/, this hook adds those files to the build under `results/` (the REA
 points at one of those files, or from them at a docs page, by its path in the repository
 (`../../experiments/results/fedali.md` from docs/algorithms/, `../docs/sweeps.md` from
 experiments/README.md) is pointed at the same file's place in the site; every other link is
-left as written, for `mkdocs build --strict` to check. A link to a page `X.md` that is now a
-notebook `X.ipynb` (the tutorials, docs/tutorials/) is pointed at the notebook. No network, no
-copy, no source edit.
+left as written, for `mkdocs build --strict` to check. No network, no copy, no source edit.
 """
 
 from __future__ import annotations
@@ -45,14 +43,6 @@ def _site_path(repo_file: Path) -> str | None:
     return None
 
 
-def _notebook(page: str, files: Files) -> str:
-    """A page that is now a notebook (the tutorials: `tutorials/NAME.md` was the page of
-    `tutorials/NAME.py` until they became `tutorials/NAME.ipynb`): where a link to the page
-    still finds it, at the same URL; else the page, for --strict to report."""
-    notebook = page.removesuffix(".md") + ".ipynb"
-    return notebook if files.get_file_from_path(notebook) is not None else page
-
-
 def on_files(files: Files, config: Any) -> Files:
     """Add experiments/results/** as results/** and experiments/README.md."""
     for path in sorted(RESULTS.rglob("*")):
@@ -81,8 +71,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     def fix(match: re.Match[str]) -> str:
         opener, target, anchor = match.group(1), match.group(2), match.group(3) or ""
         site = _site_path((source.parent / target).resolve())
-        if site is not None and site.endswith(".md") and files.get_file_from_path(site) is None:
-            site = _notebook(site, files)
         if site is None or files.get_file_from_path(site) is None:
             return match.group(0)
         return f"{opener}{Path(os.path.relpath(site, here)).as_posix()}{anchor}"
