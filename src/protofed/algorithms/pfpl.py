@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
+from torch import nn
 
 from protofed.algorithms.base import AggregateResult, Hyperparams, Records, Reply
 from protofed.algorithms.common.prototype_losses import Reduction, Target
 from protofed.algorithms.fedproto import FedProto
-from protofed.prototypes import PROTOS, pack_prototypes, unpack_prototypes
+from protofed.errors import ConfigError
+from protofed.prototypes import PROTOS, class_means, pack_prototypes, unpack_prototypes
+from protofed.training.loop import LossFn
+
+if TYPE_CHECKING:
+    from protofed.models.base import FedModel
 
 Weighting = Literal["inverse", "softmax", "literal"]
+Distance = Literal["squared", "unsquared"]
 BANK = "bank"  # the server's record: every client's latest local prototypes, (M, C, D) and (M, C)
 
 
 def neighbour_weights(
     distances: torch.Tensor, mode: Weighting = "inverse", temperature: float | None = None
 ) -> torch.Tensor:
-    """PFPL's k_im over the other clients, from their squared distances d_im (sum to 1).
+    """PFPL's k_im over the other clients, from their distances d_im (sum to 1): squared or
+    unsquared L2, as the caller computed them (`pair_distances`).
 
     "inverse" and "softmax" fall with distance; "literal" is the paper's printed d / sum(d),
     which rises with it. Ties at distance 0 (or all distances equal to 0) share equally.
@@ -41,6 +50,20 @@ def neighbour_weights(
     return (w / w.sum()).to(distances.dtype)
 
 
+def pair_distances(
+    a: torch.Tensor, b: torch.Tensor, distance: Distance = "squared"
+) -> torch.Tensor:
+    """Row-wise L2 distances between a and b (..., D): squared (the sum of squares, the
+    paper's written-out formula and protofed's default) or unsquared (the norm ||a - b||_2
+    its notation writes)."""
+    squared = ((a - b) ** 2).sum(-1)
+    if distance == "squared":
+        return squared
+    if distance == "unsquared":
+        return squared.sqrt()
+    raise ValueError(f"unknown PFPL distance '{distance}'")
+
+
 def personalized_prototypes(
     means: torch.Tensor,
     counts: torch.Tensor,
@@ -48,10 +71,12 @@ def personalized_prototypes(
     alpha: float,
     mode: Weighting = "inverse",
     temperature: float | None = None,
+    distance: Distance = "squared",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 4 for one client: (C, D) personalized prototypes and the (C,) mask of its classes.
 
-    means (M, C, D), counts (M, C) are all clients' latest local prototypes (count 0: absent).
+    means (M, C, D), counts (M, C) are all clients' latest local prototypes (count 0: absent);
+    `distance` is the d_im the weights are computed from (squared or unsquared L2).
     """
     present = counts[client] > 0
     out = torch.zeros_like(means[client])
@@ -63,9 +88,42 @@ def personalized_prototypes(
             out[k] = own
             continue
         theirs = means[others, k]
-        w = neighbour_weights(((theirs - own) ** 2).sum(-1), mode, temperature)
+        w = neighbour_weights(pair_distances(theirs, own, distance), mode, temperature)
         out[k] = alpha * own + (1 - alpha) * (w.unsqueeze(1) * theirs).sum(0)
     return out, present
+
+
+def unsquared_prototype_distance(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
+    reduction: Reduction = "mean",
+    target: Target = "sample",
+) -> torch.Tensor:
+    """PFPL's eq. 7 with the unsquared norm: ||row - P[y]||_2 averaged over the rows (each
+    embedding, or the batch's class means with `target="class_mean"`), rows of classes
+    without a prototype left out. `reduction="mean"` divides each distance by sqrt(D) (the
+    root of the per-dimension mean, as "mean" is the per-dimension mean of the squared
+    distance); "squared_l2" keeps the whole distance (the paper's ||., .||_2)."""
+    if target == "class_mean":
+        rows, counts = class_means(features, labels, len(prototypes))
+        keep, targets = (counts > 0) & present.bool(), prototypes
+    else:
+        rows, keep, targets = features, present.bool()[labels], prototypes[labels]
+    if not bool(keep.any()):
+        return features.new_zeros(())
+    diff = rows[keep] - targets[keep].detach()
+    # sqrt of the sum of squares, with a zero gradient where a row sits on its prototype
+    squared = diff.pow(2).sum(-1)
+    norms = torch.where(squared > 0, squared.clamp_min(1e-30).sqrt(), squared)
+    if reduction == "mean":
+        norms = norms / diff.shape[-1] ** 0.5
+    elif reduction != "squared_l2":
+        raise ValueError(
+            f"PFPL's unsquared distance takes reduction mean or squared_l2, not {reduction!r}"
+        )
+    return norms.mean()
 
 
 class PFPL(FedProto):
@@ -107,6 +165,12 @@ class PFPL(FedProto):
             description="Consistency loss per dimension (MSE, lam/D per squared distance) or "
             "the squared L2 distance itself (the paper's sum of squares; D times larger).",
         )
+        distance: Distance = Field(
+            "squared",
+            description="d_im of the weights and the consistency loss's distance: the squared "
+            "L2 (sum of squares, the paper's written-out formula) or the unsquared norm "
+            "||.||_2 (the paper's notation; with weights='literal', the literal setting).",
+        )
         inference: Literal["head", "prototype"] = Field(
             "head",
             description="Evaluate the personal model's head, or the nearest personalized prototype.",
@@ -128,7 +192,7 @@ class PFPL(FedProto):
             return {}  # nothing uploaded yet: nothing to personalize
         p = self.pfpl_params
         protos, present = personalized_prototypes(
-            bank["means"], bank["counts"], client, p.alpha, p.weights, p.temperature
+            bank["means"], bank["counts"], client, p.alpha, p.weights, p.temperature, p.distance
         )
         return {PROTOS: pack_prototypes(protos, present.to(protos.dtype), with_counts=False)}
 
@@ -144,9 +208,36 @@ class PFPL(FedProto):
 
     def regularizer(self) -> tuple[float, Target, Reduction]:
         """lam times the consistency loss (eq. 5) to the client's own personalized prototypes,
-        per sample or between the batch's class means and them."""
+        per sample or between the batch's class means and them (squared distance: the form
+        the per-client loss and the stacked round share)."""
         p = self.pfpl_params
+        if p.distance != "squared":
+            raise ConfigError(
+                "algorithm.distance=unsquared: PFPL's unsquared consistency loss has no stacked "
+                "form (the stacked round's prototype term is squared); set train.stacked=false"
+            )
         return p.lam, p.align, p.reg_reduction
+
+    def local_loss(self, prototypes: torch.Tensor, present: torch.Tensor) -> LossFn:
+        """CE + lam * the consistency loss; with `distance="unsquared"` the loss's distance
+        is the unsquared norm (`unsquared_prototype_distance`), else FedProto's squared one."""
+        p = self.pfpl_params
+        if p.distance == "squared":
+            return super().local_loss(prototypes, present)
+        lam, target, reduction = p.lam, p.align, p.reg_reduction
+
+        def loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            model = cast("FedModel", module)
+            features = model.features(x)
+            ce = F.cross_entropy(model.head(features), y)
+            if lam == 0 or not bool(present.any()):
+                return ce
+            features = features.reshape(len(x), -1)
+            return ce + lam * unsquared_prototype_distance(
+                features, y, prototypes, present, reduction, target
+            )
+
+        return loss
 
     def aggregate(
         self, server: Records, replies: Iterable[Reply], server_round: int
