@@ -730,6 +730,31 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
     return raw
 
 
+EXECUTION_KEYS: tuple[str, ...] = (
+    "data.dir",
+    "train.device",
+    "train.threads",
+    "train.workers",
+    "train.fused",
+    "train.stacked",
+    "train.checkpoint_every",
+    "eval.keep_prototypes_every",
+    "eval.trained_memory_mb",
+    "eval.stacked_models",
+    "flower.timeout_s",
+    "flower.client_cpus",
+    "flower.client_gpus",
+    "flower.ray_address",
+)
+"""The execution group: the keys that change where and how fast a run goes, what it keeps
+for figures and how much memory it may spend, never what it computes (the same numbers, to
+floating-point rounding: the equality tests of workers, the autograd-free step and stacking
+hold them to it). The one list the resume check (`runtime.fingerprint`), the report's
+grouping, the sweep's run identity and the docs (docs/running-fast.md) read. Not in it:
+`eval.batch_size` (a batch-dependent model, FedAli's ALP layers, predicts differently at
+another batch size) and `train.precision` (bf16 computes other numbers)."""
+
+
 # Settings a first run on each data set can trust, used for every key the config leaves unset
 # (`protofed data info NAME` lists them; a config or -s override always wins). Without them a
 # run gets the generic defaults above: an MLP and SGD without momentum for one local epoch,

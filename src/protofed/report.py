@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from protofed.config import build_config, flatten
+from protofed.config import EXECUTION_KEYS, build_config, flatten
 from protofed.core.results import ReportedRound, RoundRecord, Summary
 from protofed.errors import ConfigError
 from protofed.runs import CONFIG, PARTITION, SUMMARY, RunDir, reading
@@ -64,23 +64,9 @@ STATUSES = (COMPLETE, "diverged", "incomplete")
 CSV_DECIMALS = 6  # the CSV carries the same units with more decimals
 STD_NOTE = "sample std over runs (ddof = 1), blank for n = 1"
 
-# config keys that say where or how fast a run ran, not what it computed: never a group key
-IGNORED_KEYS = (
-    "seed",
-    "data.dir",
-    "train.device",
-    "train.threads",
-    "train.workers",
-    "train.fused",
-    "train.checkpoint_every",
-    "eval.batch_size",
-    "eval.keep_prototypes_every",
-    "eval.trained_memory_mb",
-    "flower.timeout_s",
-    "flower.client_cpus",
-    "flower.ray_address",
-    "flower.client_gpus",
-)
+# the seed, and the keys that say where or how fast a run ran, not what it computed
+# (config.EXECUTION_KEYS): never a group key
+IGNORED_KEYS = ("seed", *EXECUTION_KEYS)
 # the columns the printed table keeps (a terminal is narrow; the Markdown has them all)
 PRINTED = (
     "round",

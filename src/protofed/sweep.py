@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from protofed import plugins
 from protofed.config import (
+    EXECUTION_KEYS,
     ExperimentConfig,
     apply_overrides,
     build_config,
@@ -246,6 +247,11 @@ def _check_grid(grid: Any, source: str) -> None:
     for key, values in grid.items():
         if key == "seed":
             raise ConfigError(f"{source}: grid 'seed': list the seeds under `seeds:`")
+        if key in EXECUTION_KEYS:
+            raise ConfigError(
+                f"{source}: grid '{key}' is an execution key (it changes how fast, not what a "
+                "run computes): set it for the whole sweep with -s"
+            )
         if not values:
             raise ConfigError(f"{source}: grid '{key}' is empty (it would make no runs)")
         seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
@@ -377,14 +383,18 @@ def select_runs(runs: list[SweepRun], only: list[str] | None) -> list[SweepRun]:
 
 # the sweep folder ------------------------------------------------------------------------
 def config_digest(cfg: ExperimentConfig | Mapping[str, Any]) -> str:
-    """What makes two runs the same experiment: the resolved config, data.dir left out (the
-    same data may live in another folder). A natural partition over every group (data.clients
-    and data.num_clients unset, or `clients: all`, which a run records with the count it
-    built) counts as `clients: all` whatever data.num_clients says."""
+    """What makes two runs the same experiment: the resolved config, its execution keys left
+    out (config.EXECUTION_KEYS: the same data in another folder, more workers). A natural
+    partition over every group (data.clients and data.num_clients unset, or `clients: all`,
+    which a run records with the count it built) counts as `clients: all` whatever
+    data.num_clients says."""
     data = cfg.to_dict() if isinstance(cfg, ExperimentConfig) else copy.deepcopy(dict(cfg))
+    for key in EXECUTION_KEYS:
+        section_name, name = key.split(".", 1)
+        if isinstance(data.get(section_name), dict):
+            data[section_name].pop(name, None)
     if isinstance(data.get("data"), dict):
         section = data["data"]
-        section.pop("dir", None)
         if section.get("partition") == "natural" and (
             section.get("clients") == "all"
             or (section.get("clients") is None and section.get("num_clients") is None)

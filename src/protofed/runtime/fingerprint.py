@@ -13,23 +13,13 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from protofed.config import PrivacyConfig, flatten
+from protofed.config import EXECUTION_KEYS, PrivacyConfig, flatten
 from protofed.core.types import Arrays, records_fault
 from protofed.errors import ConfigError
 from protofed.runs import protofed_version
 from protofed.runtime.prepare import Prepared
 from protofed.runtime.provenance import file_sha256
 
-EXECUTION_KEYS = (
-    "data.dir",
-    "train.workers",
-    "train.threads",
-    "eval.keep_prototypes_every",
-    "eval.trained_memory_mb",
-    "eval.stacked_models",
-)
-"""Config keys that say where the data lie, how fast to run, what is kept for figures and how
-much memory may be spent, not what is computed."""
 LEFT_OUT_AT_DEFAULT: dict[str, Any] = {
     "eval.generalization_samples": None,
     "train.precision": "fp32",
@@ -104,6 +94,7 @@ def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: i
     if saved.get("protofed") != current["protofed"]:
         changes.append(f"protofed {saved.get('protofed')} -> {current['protofed']}")
     new = json.loads(current["config"])
+    old = {k: v for k, v in old.items() if k not in EXECUTION_KEYS}  # older lists were shorter
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
             changes.append(f"{key} {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}")
