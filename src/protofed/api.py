@@ -73,10 +73,15 @@ REPORT_COLUMNS: dict[str, str] = {
     "generalization.f1_std": "gen_f1_client_std",
     "global_.acc": "global_acc",
     "global_.f1": "global_f1",
+    "unseen.acc": "unseen_acc",
+    "unseen.f1": "unseen_f1",
+    "unseen.f1_std": "unseen_f1_client_std",
 }
 """A `ReportedRound`'s score (`summary.final` or `summary.selected`, e.g.
 `summary.final.personalization.f1`) -> the `protofed report` column that shows it (there in
-%, here a fraction). `Run.history` uses the same names for each client's own scores."""
+%, here a fraction). `Run.history` uses the same names for each client's own scores.
+`summary.final.unseen` (`UnseenScores`, eval.unseen_clients) holds the held-out clients'
+scores: `.acc`/`.f1` their own models' (`.personalized`), `.global_` the global model's."""
 
 
 def resolve_config(config: ConfigLike = None, **overrides: Any) -> ExperimentConfig:
@@ -180,7 +185,9 @@ class Run:
         `pers_acc`, `pers_f1`, `gen_acc`, `gen_f1`, `global_acc`, `global_f1` and
         `train_loss` carry the names of `protofed report`'s columns (which show the mean
         over clients, in %); `val_acc`, `val_f1` (validation), `client`, `client_name` and
-        `server.<metric>` have none there."""
+        `server.<metric>` have none there. With eval.unseen_clients, the rows are the
+        training clients' and `unseen_acc`, `unseen_f1` the round's unseen score (the
+        held-out clients' mean, as the report's columns)."""
         import pandas as pd
 
         names = self.client_names
@@ -203,6 +210,9 @@ class Run:
                         "global_f1": glob.f1 if glob is not None else None,
                         "train_loss": record.train_loss,
                     }
+                    if record.unseen is not None:  # the held-out clients' mean, as global
+                        row["unseen_acc"] = record.unseen.acc
+                        row["unseen_f1"] = record.unseen.f1
                     row.update({f"server.{k}": v for k, v in record.server.items()})
                     rows.append(row)
         return pd.DataFrame(rows)

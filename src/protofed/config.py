@@ -407,6 +407,32 @@ class EvalConfig(_Section):
         description="eval.client_model=trained: a run whose clients x model bytes exceed this "
         "is refused before it starts.",
     )
+    unseen_clients: int | float = Field(
+        0,
+        description="Unseen users: hold out this many clients (an int), or this fraction of "
+        "the federation (a float in (0, 1), rounded, at least one), chosen by the seed; they "
+        "never train and are scored every evaluated round as the `unseen` score "
+        "(docs/protocol.md, Unseen users); 0: off.",
+    )
+    finetune_epochs: int = Field(
+        0,
+        ge=0,
+        description="eval.unseen_clients: local epochs of the algorithm's own client fit on an "
+        "unseen client's training split, from an empty client state, before its model is "
+        "scored; 0: its model with an empty state, untrained.",
+    )
+
+    @field_validator("unseen_clients", mode="before")
+    @classmethod
+    def _unseen_count(cls, v: Any) -> Any:
+        """A count (int >= 0) or a fraction in (0, 1); a bool is neither."""
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError("must be a count of clients (int >= 0) or a fraction in (0, 1)")
+        if isinstance(v, float) and not 0 < v < 1:
+            raise ValueError(f"a fraction must lie in (0, 1), not {v!r} (a count is an int)")
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must not be negative, not {v}")
+        return v
 
     @field_validator("f1_labels", mode="before")
     @classmethod

@@ -47,6 +47,11 @@ METRICS: list[tuple[str, str, int]] = [
     ("gen_f1_client_std", "%", 2),
     ("global_acc", "%", 2),
     ("global_f1", "%", 2),
+    ("unseen_acc", "%", 2),
+    ("unseen_f1", "%", 2),
+    ("unseen_f1_client_std", "%", 2),
+    ("unseen_global_acc", "%", 2),
+    ("unseen_global_f1", "%", 2),
     ("pers_f1_all_rounds", "%", 2),
     ("train_loss", "", 4),
     ("MB_per_round", "MB", 3),
@@ -78,6 +83,7 @@ PRINTED = (
     "gen_f1",
     "global_acc",
     "global_f1",
+    "unseen_f1",
     "MB_per_round",
     "s_per_round",
     "epsilon",
@@ -92,6 +98,7 @@ DROP_FIRST = (
     "pers_f1_client_std",
     "epsilon",
     "global_f1",
+    "unseen_f1",
     "gen_f1",
 )
 WHICH = ("selected", "final")
@@ -198,6 +205,16 @@ def run_row(
             scores[f"{short}_f1"] = _pct(s.f1 if s is not None else None)
             if short != "global":
                 scores[f"{short}_f1_client_std"] = _pct(s.f1_std if s is not None else None)
+        # unseen users (eval.unseen_clients): the held-out clients' own models, and the
+        # global model on their data; absent (None) in runs without them
+        unseen = part.unseen
+        mine = unseen.personalized if unseen is not None else None
+        theirs = unseen.global_ if unseen is not None else None
+        scores["unseen_acc"] = _pct(mine.acc if mine is not None else None)
+        scores["unseen_f1"] = _pct(mine.f1 if mine is not None else None)
+        scores["unseen_f1_client_std"] = _pct(mine.f1_std if mine is not None else None)
+        scores["unseen_global_acc"] = _pct(theirs.acc if theirs is not None else None)
+        scores["unseen_global_f1"] = _pct(theirs.f1 if theirs is not None else None)
         server = dict(part.server)
         scored_round = part.round
     rounds = max(summary.rounds, 1)
@@ -646,7 +663,15 @@ def note(rows: list[dict], which: str | int = "selected") -> str:
         "rounds each run trained; status: complete, diverged (stopped at NaN or inf) or "
         "incomplete (fewer rounds than its train.rounds): a run that stopped early is scored "
         "over the rounds it trained."
-    )
+    ) + (_UNSEEN_NOTE if any(r.get(k) is not None for r in rows for k in _UNSEEN_KEYS) else "")
+
+
+_UNSEEN_KEYS = ("unseen_f1", "unseen_f1_mean")
+_UNSEEN_NOTE = (
+    " unseen_*: the clients held out of training (eval.unseen_clients), each with the model "
+    "the method gives it (after eval.finetune_epochs of its own fit; unseen_global_*: the "
+    "global model), mean over them."
+)
 
 
 def to_markdown(rows: list[dict], which: str | int = "selected") -> str:

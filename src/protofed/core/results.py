@@ -138,6 +138,58 @@ def _global(data: object) -> GlobalScores | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UnseenScores(JsonRecord):
+    """Unseen users (`eval.unseen_clients`): clients held out of training, each scored on its
+    own test split. `personalized`: the model the algorithm's own client procedure gives it
+    (`finetune_epochs` local epochs of its `fit` on its training split from an empty state,
+    or its model with an empty state when 0); `global_`: the server's model (None: the
+    method has none). Each is the mean over the unseen clients and its std across them;
+    `pers_*` and `global_*` hold each unseen client's score, in `clients` order."""
+
+    clients: list[int]
+    finetune_epochs: int
+    personalized: Scores
+    global_: Scores | None
+    pers_acc: list[float | None]
+    pers_f1: list[float | None]
+    global_acc: list[float | None]  # empty without a global model
+    global_f1: list[float | None]
+
+    @property
+    def acc(self) -> float | None:
+        """The unseen clients' own models' mean accuracy (`personalized.acc`)."""
+        return self.personalized.acc
+
+    @property
+    def f1(self) -> float | None:
+        """The unseen clients' own models' mean macro-F1 (`personalized.f1`)."""
+        return self.personalized.f1
+
+    @property
+    def f1_std(self) -> float | None:
+        """The std of that macro-F1 across the unseen clients (`personalized.f1_std`)."""
+        return self.personalized.f1_std
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UnseenScores:
+        ids = data.get("clients")
+        return cls(
+            clients=[int(i) for i in ids] if isinstance(ids, list) else [],
+            finetune_epochs=int(data.get("finetune_epochs") or 0),
+            personalized=_scores(data.get("personalized")) or Scores.absent(),
+            global_=_scores(data.get("global")),
+            pers_acc=_floats(data.get("pers_acc")),
+            pers_f1=_floats(data.get("pers_f1")),
+            global_acc=_floats(data.get("global_acc")),
+            global_f1=_floats(data.get("global_f1")),
+        )
+
+
+def _unseen(data: object) -> UnseenScores | None:
+    return UnseenScores.from_json(data) if isinstance(data, Mapping) and data else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClientScores(JsonRecord):
     """Each client's scores, in client order (`client_ids`: which clients, where only some
     were scored, as on a Flower deployment; None: every client, by id)."""
@@ -192,6 +244,7 @@ class RoundScores:
     clients: ClientScores
     samples: SampleSizes | None = None  # None: not known (scored on the clients)
     eval_s: float = 0.0
+    unseen: UnseenScores | None = None  # None: no held-out clients (eval.unseen_clients=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,13 +292,17 @@ class Traffic(JsonRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class RoundRecord(JsonRecord):
-    """One evaluated round: a line of metrics.jsonl, the same in memory and on disk."""
+    """One evaluated round: a line of metrics.jsonl, the same in memory and on disk
+    (`unseen`, the held-out clients' scores, only where eval.unseen_clients holds some)."""
+
+    omitted_when_empty: ClassVar[tuple[str, ...]] = ("unseen",)
 
     round: int
     train_loss: float | None
     personalization: Scores
     generalization: Scores | None
     global_: GlobalScores | None
+    unseen: UnseenScores | None = None
     val: Scores
     samples: SampleSizes | None
     server: Metrics
@@ -270,6 +327,7 @@ class RoundRecord(JsonRecord):
             personalization=scores.personalization,
             generalization=scores.generalization,
             global_=scores.global_,
+            unseen=scores.unseen,
             val=scores.val,
             samples=scores.samples,
             server=dict(info.server),
@@ -293,6 +351,7 @@ class RoundRecord(JsonRecord):
             personalization=_scores(data.get("personalization")) or Scores.absent(),
             generalization=_scores(data.get("generalization")),
             global_=_global(data.get("global")),
+            unseen=_unseen(data.get("unseen")),
             val=_scores(data.get("val")) or Scores.absent(),
             samples=SampleSizes.from_json(samples) if isinstance(samples, Mapping) else None,
             server=_metrics(data.get("server")),
@@ -308,7 +367,7 @@ class ReportedRound(JsonRecord):
     picked (`rule`; under `best_test` the global score is the global model's own best round,
     `global_round`)."""
 
-    omitted_when_empty: ClassVar[tuple[str, ...]] = ("rule", "global_round")
+    omitted_when_empty: ClassVar[tuple[str, ...]] = ("rule", "global_round", "unseen")
 
     round: int
     rule: str | None = None  # None: the final round
@@ -316,6 +375,7 @@ class ReportedRound(JsonRecord):
     generalization: Scores | None
     global_: GlobalScores | None
     global_round: int | None = None
+    unseen: UnseenScores | None = None  # that round's held-out clients (eval.unseen_clients)
     server: Metrics
 
     @classmethod
@@ -328,6 +388,7 @@ class ReportedRound(JsonRecord):
             generalization=_scores(data.get("generalization")),
             global_=_global(data.get("global")),
             global_round=None if global_round is None else int(global_round),
+            unseen=_unseen(data.get("unseen")),
             server=_metrics(data.get("server")),
         )
 
@@ -338,6 +399,7 @@ class ReportedRound(JsonRecord):
             personalization=record.personalization,
             generalization=record.generalization,
             global_=record.global_,
+            unseen=record.unseen,
             server=dict(record.server),
         )
 

@@ -162,6 +162,11 @@ def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tupl
     """
     if cfg.data.dynamic.enabled:
         raise ConfigError("data.dynamic needs every client's data in one process: simulation only")
+    if cfg.eval.unseen_clients or cfg.eval.finetune_epochs:
+        raise ConfigError(
+            "eval.unseen_clients is not supported in a deployment (the server holds no data to "
+            "score held-out clients on): simulation and the built-in engine only"
+        )
     if cfg.privacy.enabled and not cfg.privacy.clear_evaluation:
         raise ConfigError(
             "privacy.clear_evaluation: a deployment's evaluation sends each client's per-class "

@@ -119,7 +119,7 @@ class Experiments:
         transport = loop.transport
         assert isinstance(transport, FlowerTransport), "not a Flower round loop"
         try:
-            attach_to_nodes(grid, transport, loop.num_clients)
+            attach_to_nodes(grid, transport, len(loop.prepared.fed.clients))  # unseen too
             transport.startup_s = time.perf_counter() - (
                 self.session_start if not self.results else t_loop
             )
@@ -159,7 +159,7 @@ def _run_session(experiments: Experiments) -> bool:
                     run_simulation(
                         server_app=server_app,
                         client_app=client_app,
-                        num_supernodes=max(loop.num_clients for loop in loops),
+                        num_supernodes=max(len(loop.prepared.fed.clients) for loop in loops),
                         backend_config=backend,
                     )
                 stopped = STOP.is_set()  # a signal during the clean-up below stops nothing

@@ -63,6 +63,7 @@ CURVES = [
     ("pers_f1", "personalization macro-F1 (%)", "pers. F1 (%)", True),
     ("gen_f1", "generalization macro-F1 (%)", "gen. F1 (%)", True),
     ("global_f1", "global model macro-F1 (%)", "global F1 (%)", True),
+    ("unseen_f1", "unseen users' macro-F1 (%)", "unseen F1 (%)", True),  # eval.unseen_clients
     ("train_loss", "training loss (log scale, geometric mean)", "training loss", False),
 ]
 PANELS = tuple(column for column, _, _, _ in CURVES)  # the names `--panels` takes
@@ -418,8 +419,8 @@ def learning_curves(
     style: str | Style = "screen",
     panels: Sequence[str] | None = None,
 ) -> Figure:
-    """Pers. F1, gen. F1 and global F1 (where recorded) and the training loss against the
-    round: one line per group (mean over its runs) with its band over runs (`band`: auto,
+    """Pers. F1, gen. F1, global F1 and unseen F1 (where recorded) and the training loss
+    against the round: one line per group (mean over its runs) with its band over runs (`band`: auto,
     std, ci, none). `title`: None the default, "" none (no panel titles either). `panels`:
     the PANELS to draw, in order (default: each one recorded)."""
     from matplotlib.lines import Line2D

@@ -48,19 +48,27 @@ so memory grows with the group, not with the round."""
 
 
 def client_context(
-    cfg: ExperimentConfig, model: FedModel, data: ClientData, client: int, server_round: int
+    cfg: ExperimentConfig,
+    model: FedModel,
+    data: ClientData,
+    client: int,
+    server_round: int,
+    streams: tuple[int, ...] | None = None,
 ) -> Client:
     """What `fit` is handed for `client` this round, its streams seeded from (seed, round,
-    client): its generator (batch order) and torch's global one (dropout masks)."""
+    client): its generator (batch order) and torch's global one (dropout masks). `streams`:
+    the keys that replace (CLIENT_TRAIN, round) before the client's (an unseen client's
+    fine-tuning, runtime/unseen.py)."""
     seed = cfg.seed
-    torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, server_round, client + 1, 1))  # dropout
+    keys = (CLIENT_TRAIN, server_round) if streams is None else streams
+    torch.manual_seed(derive_seed(seed, *keys, client + 1, 1))  # dropout
     return Client(
         id=client,
         data=data,
         model=model,
         train=cfg.train,
         server_round=server_round,
-        generator=torch_generator(seed, CLIENT_TRAIN, server_round, client + 1),
+        generator=torch_generator(seed, *keys, client + 1),
     )
 
 
@@ -73,13 +81,15 @@ def run_fit(
     client: int,
     server_round: int,
     state: Records,
+    streams: tuple[int, ...] | None = None,
 ) -> FitResult:
     """The client's side of a round once the message is there: seed, then `fit`.
 
     Shared by every engine (the Flower ClientApp too), so a client draws the same batches
-    and dropout masks wherever it runs (streams keyed by seed, round and client).
+    and dropout masks wherever it runs (streams keyed by seed, round and client; `streams`,
+    see `client_context`).
     """
-    context = client_context(cfg, model, data, client, server_round)
+    context = client_context(cfg, model, data, client, server_round, streams)
     result = algorithm.fit(context, message, state)
     check_result(result, "fit", type(algorithm).__name__)
     return result

@@ -116,17 +116,16 @@ class RoundLoop:
         summary_extra: Callable[[], dict[str, object]] | None = None,
     ) -> None:
         """`population`: the client ids that can be sampled (default: every client of the
-        data); the sampling stream draws positions in it. `summary_extra`: the transport's
-        own summary entries (Flower's rejected replies)."""
+        data but the unseen ones, `Prepared.training`); the sampling stream draws positions
+        in it. `summary_extra`: the transport's own summary entries (Flower's rejected
+        replies)."""
         self.prepared = prepared
         self.cfg = prepared.cfg
         self.algorithm = prepared.algorithm
         self.transport = transport
         self.evaluation = evaluation
         self.run_dir = run_dir
-        self.population = (
-            population if population is not None else list(range(len(prepared.fed.clients)))
-        )
+        self.population = population if population is not None else prepared.training
         self.summary_extra = summary_extra
         self.server: Records = self.algorithm.init_server()
         self._starting_names = {record: list(arrays) for record, arrays in self.server.items()}

@@ -28,6 +28,7 @@ from protofed.models import build_model
 from protofed.models.base import FedModel
 from protofed.privacy import private
 from protofed.runtime.dynamic import DynamicClasses, client_data
+from protofed.runtime.holdout import held_out, training_clients
 from protofed.training.pretrain import load_init
 
 
@@ -55,6 +56,12 @@ class Prepared:
     dynamic: DynamicClasses | None = None  # data.dynamic: the per-round views of client data
     pooled: ClientData | None = None  # every client's training data as one (`pools_data`)
     data_files: tuple[Path, ...] = ()  # the files the loader read (hashed in provenance.json)
+    unseen: tuple[int, ...] = ()  # eval.unseen_clients: the held-out clients (never trained)
+
+    @property
+    def training(self) -> list[int]:
+        """The clients that train: all but the unseen ones."""
+        return training_clients(len(self.fed.clients), self.unseen)
 
     def client_data(self, client: int, server_round: int) -> ClientData:
         """The data `client` trains on in `server_round`."""
@@ -75,6 +82,7 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
         fed = build_federated(cfg.data, cfg.seed)
     if device.type != "cpu":
         fed.clients = [c.to(device) for c in fed.clients]
+    unseen = held_out(cfg, len(fed.clients))
     model, algorithm = build_model_and_algorithm(
         cfg, fed.input_shape, fed.num_classes, len(fed.clients), device
     )
@@ -88,10 +96,12 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
                 f"data.dynamic is not supported by '{cfg.algorithm.name}' (pooled data)"
             )
         fed.meta["dynamic"] = dynamic.describe()
-    pooled = pooled_data(fed) if algorithm.pools_data else None
+    training = training_clients(len(fed.clients), unseen)
+    pooled = pooled_data(fed, training) if algorithm.pools_data else None
     if dynamic is None:  # with data.dynamic a client's training set changes by round
-        check_batch_of_one(cfg, model, [pooled] if pooled is not None else fed.clients)
-    return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files))
+        trainers = [fed.clients[i] for i in training]
+        check_batch_of_one(cfg, model, [pooled] if pooled is not None else trainers)
+    return Prepared(cfg, fed, model, algorithm, dynamic, pooled, tuple(files), unseen)
 
 
 def clients_per_round(train: TrainConfig, population: int) -> int:
@@ -248,10 +258,11 @@ def _available_memory() -> int | None:
         return None
 
 
-def pooled_data(fed: FederatedData) -> ClientData:
-    """All clients' training data as one client (the `centralized` reference)."""
+def pooled_data(fed: FederatedData, ids: list[int] | None = None) -> ClientData:
+    """All clients' training data as one client (the `centralized` reference); `ids`: only
+    these clients' (the unseen ones left out)."""
     cat = torch.cat
-    cs = fed.clients
+    cs = fed.clients if ids is None else [fed.clients[i] for i in ids]
     return ClientData(
         name="pooled",
         group=None,

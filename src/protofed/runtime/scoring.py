@@ -3,12 +3,16 @@
 The round loop asks an evaluation mode for a round's scores. This one holds every client's
 splits (`protofed.evaluation.Evaluator`), so it reports personalization, generalization and
 the global score; a deployment scores on the clients instead (`protofed.flower.deployment`).
-With `data.dynamic`, a round is scored on the clients' views of that round's data.
+With `data.dynamic`, a round is scored on the clients' views of that round's data. With
+`eval.unseen_clients`, those three scores (and the validation score that selects rounds)
+cover the training clients only, and the held-out ones get their own, `unseen`
+(runtime/unseen.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -18,8 +22,10 @@ from protofed.core.results import RoundScores
 from protofed.core.types import Arrays, Records
 from protofed.data.federated import FederatedData
 from protofed.evaluation import Evaluator, PredictMany, Spec
+from protofed.runtime.holdout import subset
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
+from protofed.runtime.unseen import UnseenScoring
 
 
 class ClientModels(Protocol):
@@ -27,11 +33,12 @@ class ClientModels(Protocol):
 
 
 def build_evaluator(prepared: Prepared, fed: FederatedData | None = None) -> Evaluator:
-    """The run's evaluator (of `fed`, by default the whole data), with its eval settings."""
+    """The run's evaluator (of `fed`, by default the whole data; its training clients only,
+    `Prepared.training`, where some are unseen), with its eval settings."""
     cfg = prepared.cfg
     e = cfg.eval
     return Evaluator(
-        fed if fed is not None else prepared.fed,
+        subset(fed if fed is not None else prepared.fed, prepared.training),
         prepared.model,
         e.batch_size,
         e.generalization,
@@ -86,6 +93,7 @@ class ServerSideEvaluation:
         self.pool = pool
         self.evaluator = self._evaluator(prepared.fed)
         self._staged: tuple[int, Evaluator] | None = None
+        self.unseen = UnseenScoring(prepared, prepared.unseen) if prepared.unseen else None
 
     def _evaluator(self, fed: FederatedData) -> Evaluator:
         return build_evaluator(self.prepared, fed)
@@ -110,9 +118,19 @@ class ServerSideEvaluation:
         use_pool = pool is not None and self.prepared.dynamic is None
         alone = evaluator.stacked_models == 1
         many = predict_in(pool) if pool is not None and use_pool and alone else None
-        return evaluator.evaluate(
-            self.transport.client_models(server, server_round),
-            self.prepared.algorithm.global_model(server),
+        models = self.transport.client_models(server, server_round)
+        global_model = self.prepared.algorithm.global_model(server)
+        training = self.prepared.training
+        scores = evaluator.evaluate(
+            (lambda i: models(training[i])) if self.unseen is not None else models,
+            global_model,
             predict_many=many,
             workers=pool.workers if many is not None and pool is not None else 1,
+        )
+        if self.unseen is None:
+            return scores
+        return replace(
+            scores,
+            clients=replace(scores.clients, client_ids=list(training)),
+            unseen=self.unseen.score(server, server_round, global_model),
         )

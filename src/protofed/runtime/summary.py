@@ -58,14 +58,24 @@ def reported_rounds(
         server=dict(chosen.server),
         rule=rule,
         global_round=best_global.round,
+        unseen=chosen.unseen,
     )
     return ReportedRound.final(history[-1]), selected
 
 
-SCORING_KEYS = ("selection", "metric", "client_model", "f1_labels", "generalization_samples")
+SCORING_KEYS = (
+    "selection",
+    "metric",
+    "client_model",
+    "f1_labels",
+    "generalization_samples",
+    "unseen_clients",
+    "finetune_epochs",
+)
 """The `eval.*` keys that change how a run's reported scores are computed: which round is
 reported, by which metric it is chosen, which model is a client's own, which classes a
-macro-F1 averages over, which test samples generalization is scored on."""
+macro-F1 averages over, which test samples generalization is scored on, which clients are
+held out as unseen users and how they adapt before they are scored."""
 
 
 def scoring_protocol(cfg: ExperimentConfig) -> dict[str, dict[str, Any]]:
