@@ -82,6 +82,8 @@ VARIANTS = {
         "privacy.sampling=poisson",
     ],
     "fedproto:dp-local": [*DP, "privacy.mode=local"],
+    # unseen users: one client held out, fine-tuned one epoch on the server's copy of its data
+    "fedavg:unseen": ["eval.unseen_clients=1", "eval.finetune_epochs=1"],
 }
 CASES = {**{name: [] for name in EQUIVALENT}, **VARIANTS}
 SMALL = {  # per-algorithm settings that keep the runs short
@@ -356,6 +358,19 @@ def test_flower_simulation_equals_the_builtin_engine(session, name) -> None:
     }
     assert json.loads((run / "summary.json").read_text())["final"] == ours["final"]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_unseen_users_score_the_same_on_flower_as_on_the_builtin_engine(session) -> None:
+    """The held-out client never trains on Flower either (the same bytes, so the same
+    replies), and its unseen scores, global and fine-tuned, are the built-in engine's."""
+    ours, ref = session["flower"]["fedavg:unseen"], session["builtin"]["fedavg:unseen"]
+    assert not isinstance(ours, BaseException), ours
+    for when in ("final", "selected"):
+        mine, theirs = ours[when]["unseen"], ref[when]["unseen"]
+        assert mine["clients"] == theirs["clients"] and len(mine["clients"]) == 1
+        for part in ("personalized", "global"):
+            for key, value in theirs[part].items():
+                assert mine[part][key] == pytest.approx(value, abs=1e-4), (when, part, key)
 
 
 def test_secure_aggregation_releases_what_the_server_would_sum(session) -> None:
