@@ -105,8 +105,8 @@ class RunDir:
     def create(
         cls,
         path: str | Path,
-        config: dict,
-        partition: dict,
+        config: dict[str, Any],
+        partition: dict[str, Any],
         partition_txt: str,
         overwrite: bool = False,
         engine: str = "builtin",
@@ -192,12 +192,12 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json_text(obj))
 
-    def write_partition(self, partition: dict) -> None:
+    def write_partition(self, partition: dict[str, Any]) -> None:
         """partition.json, its sha256 kept for the checkpoints (a resume verifies it)."""
         self.write_json(PARTITION, partition)
         self.partition_sha256 = hashlib.sha256(json_text(partition).encode()).hexdigest()
 
-    def write_summary(self, summary: dict) -> None:
+    def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json, after checksums.json records its sha256 and metrics.jsonl's (which
         `verify_checksums` compares): a kill between the two leaves an unfinished run."""
         try:
@@ -242,7 +242,7 @@ class RunDir:
                     removed.append(tmp)
         return removed
 
-    def read_json(self, name: str) -> dict:
+    def read_json(self, name: str) -> dict[str, Any]:
         """One of the run's JSON files: each is an object."""
         path = self.path / name
         try:
@@ -256,7 +256,7 @@ class RunDir:
                     check_schema(path, client, {"name": str})
         return value
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         path = self.path / CONFIG
         try:
             raw = yaml.safe_load(path.read_text())
@@ -269,12 +269,12 @@ class RunDir:
             data["clients"] = "all"  # written before data.clients: every group, the count unread
         return raw
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """run.json (an empty mapping for runs made before it existed)."""
         return self.read_json(RUN) if (self.path / RUN).is_file() else {}
 
     # metrics ----------------------------------------------------------------------------
-    def append_metrics(self, record: dict) -> None:
+    def append_metrics(self, record: dict[str, Any]) -> None:
         line = (json.dumps(strict_json(record), allow_nan=False) + "\n").encode()
         path = self.path / METRICS
         with writing(path), open(path, "ab") as f:
@@ -284,11 +284,11 @@ class RunDir:
         self._metrics.update(line)
         self._metrics_bytes += len(line)
 
-    def metrics_position(self) -> dict:
+    def metrics_position(self) -> dict[str, Any]:
         """What the checkpoint records of metrics.jsonl: its length and sha256 so far."""
         return {"bytes": self._metrics_bytes, "sha256": self._metrics.hexdigest()}
 
-    def check_metrics(self, position: dict, server_round: int) -> tuple[bytes, bool]:
+    def check_metrics(self, position: dict[str, Any], server_round: int) -> tuple[bytes, bool]:
         """The records up to the checkpoint, checked byte for byte (an edited or corrupted
         line is an error), and whether a torn tail follows them; nothing is written."""
         path = self.path / METRICS
@@ -306,7 +306,7 @@ class RunDir:
             )
         return prefix, len(data) > size
 
-    def restore_metrics(self, position: dict, server_round: int) -> list[dict]:
+    def restore_metrics(self, position: dict[str, Any], server_round: int) -> list[dict[str, Any]]:
         """The records up to the checkpoint, checked byte for byte; a torn tail is cut.
 
         Records the checkpoint covers must be exactly as written (an edited or corrupted line
@@ -328,7 +328,7 @@ class RunDir:
     def write_bytes(self, name: str, data: bytes) -> None:
         atomic_write(self.path / name, lambda handle: handle.write(data))
 
-    def history(self, up_to_round: int | None = None) -> list[dict]:
+    def history(self, up_to_round: int | None = None) -> list[dict[str, Any]]:
         """The records of metrics.jsonl (for reading: a torn last line is left out)."""
         path = self.path / METRICS
         if not path.exists():
@@ -350,14 +350,14 @@ class RunDir:
         return records
 
     # checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
         """The state with its content digest (checked by `load_checkpoint`), atomically."""
         state = {**state, DIGEST: content_digest(state)}
         atomic_write(self.path / CHECKPOINT, lambda handle: torch.save(state, handle))
 
     def load_checkpoint(
         self, map_location: str | torch.device | None = None, verify: bool = True
-    ) -> dict | None:
+    ) -> dict[str, Any] | None:
         """The checkpoint, or None; an unreadable or foreign file is a one-line error, and so
         is one whose content is not what was written (`verify`; else the caller checks its
         structure first, for an error that names the entry, then `check_digest`)."""
@@ -391,11 +391,11 @@ def json_text(obj: Any) -> str:
     return json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n"
 
 
-def content_digest(ckpt: dict) -> str:
+def content_digest(ckpt: dict[str, Any]) -> str:
     return tensors_digest({k: v for k, v in ckpt.items() if k not in (DIGEST, "fingerprint")})
 
 
-def check_digest(path: Path, ckpt: dict) -> None:
+def check_digest(path: Path, ckpt: dict[str, Any]) -> None:
     """The checkpoint's content is what was written (its DIGEST). Without one, only a
     checkpoint with no key newer than the digest passes (an older protofed's): a flipped
     bit in the key's name is damage too."""

@@ -565,7 +565,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 @dataclass
 class _Child:
     run: SweepRun
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     started: float
     log: Path
     signalled: int = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -110,7 +110,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
 P = TypeVar("P", bound=Hyperparams)  # the hyperparameters `_validate` returns
 
 
-def _validate(model: type[P], raw: dict, prefix: str, name: str) -> P:
+def _validate(model: type[P], raw: dict[str, Any], prefix: str, name: str) -> P:
     """`model` from `raw`, with errors that name the config key (`algorithm.<prefix><key>`)."""
     try:
         return model.model_validate(raw)
@@ -127,7 +127,7 @@ def _validate(model: type[P], raw: dict, prefix: str, name: str) -> P:
         ) from None
 
 
-def parse_ala(name: str, raw: dict) -> AlaParams | None:
+def parse_ala(name: str, raw: dict[str, Any]) -> AlaParams | None:
     """The `algorithm.ala.*` section (the ALA plug-in), or None if it is not set."""
     if ALA_KEY not in raw:
         return None
@@ -151,7 +151,7 @@ def parse_ala(name: str, raw: dict) -> AlaParams | None:
     return _validate(AlaParams, section, f"{ALA_KEY}.", name)
 
 
-def parse_params(name: str, raw: dict) -> Hyperparams:
+def parse_params(name: str, raw: dict[str, Any]) -> Hyperparams:
     """Validate `algorithm.*` keys against the algorithm's typed hyperparameters.
 
     The `ala` section (the ALA plug-in) is validated too, by `parse_ala`, but not returned.
@@ -162,7 +162,7 @@ def parse_params(name: str, raw: dict) -> Hyperparams:
     return _validate(cls.Params, own, "", name)
 
 
-def build_algorithm(name: str, raw_params: dict, setting: Setting) -> Algorithm:
+def build_algorithm(name: str, raw_params: dict[str, Any], setting: Setting) -> Algorithm:
     """The algorithm, with ALA before its local training if `algorithm.ala.enabled`."""
     cls = algorithm_class(name)
     params = parse_params(name, raw_params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -99,7 +99,7 @@ def write_builtin_catalog(path: Path = SHIPPED) -> Path:
     return path
 
 
-def _sections(raw: list) -> Catalog:
+def _sections(raw: list[Any]) -> Catalog:
     """Sections read from JSON, checked to be (title, {name: line}) of strings."""
     out = []
     for title, items in raw:

@@ -377,7 +377,7 @@ def _peak_frequency(values: np.ndarray, hz: float) -> float:
     return float(np.fft.rfftfreq(len(values), 1.0 / hz)[int(np.argmax(spectrum))])
 
 
-def wesad_features(record: dict, subject: str) -> pd.DataFrame:
+def wesad_features(record: dict[str, Any], subject: str) -> pd.DataFrame:
     """One subject's recording -> one row per 30 s window of a single study condition.
 
     Wrist (Empatica E4) signals only, the wearable a deployment would have: per channel mean,

@@ -120,7 +120,7 @@ class FederatedData:
             legend = ", ".join(f"{i}={n}" for i, n in enumerate(self.class_names))
             lines.append(f"classes: {legend}")
 
-        def fmt(first: str, cells: list) -> str:
+        def fmt(first: str, cells: list[Any]) -> str:
             body = " ".join(str(v).rjust(w) for v, w in zip(cells, widths, strict=True))
             return f"{first.ljust(lead)}  {body}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class Dataset:
     group_names: list[str] | None = None
     predefined_split: np.ndarray | None = None
     kind: str = "tabular"  # "sensor" | "image" | "tabular"
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.X)

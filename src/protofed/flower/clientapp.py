@@ -85,7 +85,7 @@ class ClientSide:
         assert self.prepared is not None
         return self.prepared.client_data(cid, server_round)
 
-    def info(self, node_config: dict) -> dict[str, Any]:
+    def info(self, node_config: dict[str, Any]) -> dict[str, Any]:
         """The answer to "query": which client this node is, and its partition's header."""
         if self.partition is not None:
             p = self.partition
@@ -131,7 +131,7 @@ def in_simulation() -> bool:
     )
 
 
-def client_side(config: str, node_config: dict) -> ClientSide:
+def client_side(config: str, node_config: dict[str, Any]) -> ClientSide:
     """The node's data, model and algorithm for the experiment `config` (JSON), cached."""
     source = str(node_config.get(PARTITION_KEY, ""))
     key = (config, source)

@@ -26,7 +26,7 @@ class Reaper:
     """The watchdog process of one simulation session (a context manager)."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Reaper:
         self.process = subprocess.Popen(

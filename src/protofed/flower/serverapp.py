@@ -21,6 +21,7 @@ import logging
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -50,7 +51,11 @@ def check_out(out: str | Path) -> Path:
 
 
 def create_run_dir(
-    out: str | Path, config: dict, partition: dict, table: str, engine: str = "flower-deployment"
+    out: str | Path,
+    config: dict[str, Any],
+    partition: dict[str, Any],
+    table: str,
+    engine: str = "flower-deployment",
 ) -> RunDir:
     """The new run directory at `out`, checked again (another run may have taken it since)."""
     check_out(out)

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -75,7 +76,7 @@ def discover(
     expected: int,
     wait_s: float = 60.0,
     timeout_s: float | None = None,
-) -> tuple[dict[int, int], dict[int, dict]]:
+) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
     """Which node holds which client: wait for `expected` nodes, then ask each ("query").
 
     Returns client id -> node id, and client id -> the node's answer (its partition header
@@ -98,7 +99,7 @@ def discover(
     messages = [
         Message(RecordDict({wire.TASK: task}), node, wire.QUERY, group_id="query") for node in nodes
     ]
-    claims: dict[int, list[tuple[int, dict]]] = {}
+    claims: dict[int, list[tuple[int, dict[str, Any]]]] = {}
     for reply in exchange(grid, messages, timeout_s):
         node = reply.metadata.src_node_id
         if reply.has_error():
@@ -110,13 +111,13 @@ def discover(
 
 
 def unique_claims(
-    claims: dict[int, list[tuple[int, dict]]],
-) -> tuple[dict[int, int], dict[int, dict]]:
+    claims: dict[int, list[tuple[int, dict[str, Any]]]],
+) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
     """(client -> node, client -> header) of the clients exactly one node claims. Two nodes
     claiming one client cannot both be right and the server cannot tell which is: both are
     left out, with one line naming them (a duplicate or foreign node must not stop a run)."""
     node_of: dict[int, int] = {}
-    infos: dict[int, dict] = {}
+    infos: dict[int, dict[str, Any]] = {}
     for cid, holders in sorted(claims.items()):
         if len(holders) > 1:
             nodes = ", ".join(str(node) for node, _ in holders)
@@ -160,7 +161,7 @@ class FlowerTransport:
         self.grid: Grid | None = None
         self.node_of: dict[int, int] = {}  # client id -> Flower node id
         self.validator = ReplyValidator.for_model(prepared.model.state_dict())
-        self.rejected: list[dict] = []  # {"round", "client", "reason"}
+        self.rejected: list[dict[str, Any]] = []  # {"round", "client", "reason"}
         # what the server knows of each client's training set (its data in simulation, the
         # partition headers in deployment): a reply may not claim more examples
         self.train_sizes: dict[int, int] = {
@@ -190,8 +191,8 @@ class FlowerTransport:
         cid: int,
         message: Records,
         mode: str = "",
-        extra: dict | None = None,
-        cache: dict | None = None,
+        extra: dict[str, Any] | None = None,
+        cache: dict[int, Any] | None = None,
     ) -> RecordDict:
         """One client's message. `cache` keeps serialized records by record object: clients
         sent the same record (FedAvg's global model) share one ArrayRecord."""
@@ -215,7 +216,7 @@ class FlowerTransport:
             yield from self.secure_fit(server, server_round, clients)
             return
         messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
-        cache: dict = {}
+        cache: dict[int, Any] = {}
         contents = {
             cid: self.content(wire.TRAIN, server_round, cid, m, cache=cache)
             for cid, m in messages.items()
@@ -280,7 +281,7 @@ class FlowerTransport:
             return
         assert self.grid is not None, "not attached to a Flower Grid"
         messages = {cid: self.algorithm.configure(server, cid, server_round) for cid in clients}
-        cache: dict = {}
+        cache: dict[int, Any] = {}
         contents = {
             self.node_of[cid]: self.content(
                 wire.TRAIN, server_round, cid, m, mode=wire.SECAGG, cache=cache
@@ -320,7 +321,7 @@ class FlowerTransport:
         """Every client's personalized model, fetched from the clients in one exchange."""
         clients = sorted(self.node_of)
         messages = {i: self.algorithm.configure(server, i, server_round + 1) for i in clients}
-        cache: dict = {}
+        cache: dict[int, Any] = {}
         contents = {
             i: self.content(wire.EVALUATE, server_round, i, m, mode="weights", cache=cache)
             for i, m in messages.items()
@@ -358,7 +359,7 @@ class FlowerTransport:
     def close(self) -> None:
         """Nothing to release: the Flower session (or the deployment) owns the nodes."""
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         per_round: dict[int, int] = {}
         for r in self.rejected:
             per_round[r["round"]] = per_round.get(r["round"], 0) + 1

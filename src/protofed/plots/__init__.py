@@ -175,7 +175,7 @@ def legend_columns(width_in: float, labels: Sequence[str], fontsize: float) -> i
     return max(1, min(len(labels), chars_across(width_in, fontsize) // longest))
 
 
-def legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
+def legend_below(fig: Figure, handles: list[Any], labels: list[str]) -> None:
     """One legend for the figure, under the axes (never over the data), in as many columns
     as fit the figure's width (a figure with a constrained layout)."""
     import matplotlib as mpl

@@ -105,7 +105,7 @@ def federation(run: Run, data_dir: str | Path | None = None) -> FederatedData:
     return fed
 
 
-def _class_colours(num_classes: int) -> list:
+def _class_colours(num_classes: int) -> list[Any]:
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10" if num_classes <= 10 else "tab20"]
@@ -278,7 +278,7 @@ def embedding_map(
     )
 
 
-def _class_handles(classes: np.ndarray, class_names: list[str], colours: np.ndarray) -> list:
+def _class_handles(classes: np.ndarray, class_names: list[str], colours: np.ndarray) -> list[Any]:
     """A legend square per class present (none where there are too many to read)."""
     from matplotlib.lines import Line2D
 
@@ -290,7 +290,7 @@ def _class_handles(classes: np.ndarray, class_names: list[str], colours: np.ndar
     ]
 
 
-def _map_figure(style: Style, handles: list, title: str) -> tuple[Figure, Axes]:
+def _map_figure(style: Style, handles: list[Any], title: str) -> tuple[Figure, Axes]:
     """The figure of a t-SNE map: 7.2 x 5.4 in on screen; on paper the style's width, tall
     enough for the map, the legend below it and `title`'s lines."""
     if not style.paper:
@@ -318,7 +318,7 @@ def _map_title(style: Style, title: str | None, default: str) -> str:
     return wrap_text(" ".join(default.split("\n")), float(style.width or 3.3), size)
 
 
-def _finish_map(fig: Figure, ax: Axes, style: Style, handles: list, title: str) -> None:
+def _finish_map(fig: Figure, ax: Axes, style: Style, handles: list[Any], title: str) -> None:
     """Axis labels, the title, and the legend: right of the map on screen, below on paper."""
     ax.set_xlabel("t-SNE 1")
     ax.set_ylabel("t-SNE 2")

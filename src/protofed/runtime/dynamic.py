@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ class DynamicClasses:
             fed, clients=[self.view(c, i, server_round) for i, c in enumerate(fed.clients)]
         )
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """JSON-able schedule for the run directory."""
         return {
             "every": self.every,

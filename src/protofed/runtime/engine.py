@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from protofed.config import ExperimentConfig, build_config
 from protofed.core.results import RoundRecord
@@ -156,7 +157,7 @@ def resume(path: str | Path, data_dir: str | Path | None = None) -> RoundLoop:
 
 
 def check_partition(
-    run: RunDir, prepared: Prepared, ckpt: dict | None, server_round: int | None
+    run: RunDir, prepared: Prepared, ckpt: dict[str, Any] | None, server_round: int | None
 ) -> bytes | None:
     """partition.json is what the checkpoint recorded (its sha256, under the fingerprint's
     `partition`; checkpoints written before it are not checked), or exactly what the

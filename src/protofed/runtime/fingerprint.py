@@ -79,7 +79,9 @@ def fingerprint(prepared: Prepared) -> dict[str, str]:
     return out
 
 
-def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: int | None) -> None:
+def check_fingerprint(
+    saved: dict[str, Any], current: dict[str, Any], run_dir: Path, server_round: int | None
+) -> None:
     """A one-line error naming what differs from the checkpoint, if anything does."""
     try:
         old = json.loads(saved.get("config", "{}"))
@@ -112,7 +114,9 @@ def check_fingerprint(saved: dict, current: dict, run_dir: Path, server_round: i
         )
 
 
-def states_fault(ckpt: dict, server: Mapping[str, Collection[str]], model: Arrays) -> str | None:
+def states_fault(
+    ckpt: dict[str, Any], server: Mapping[str, Collection[str]], model: Arrays
+) -> str | None:
     """What in a checkpoint's states is not as protofed writes them, or None.
 
     The checkpoint contract every algorithm keeps (docs/architecture.md; checked when each

@@ -192,7 +192,7 @@ class WorkerPool:
         self._holding: dict[int, int] = {}  # worker -> the map whose shared value it holds
 
     def map(
-        self, function: Callable[..., Any], tasks: Iterable[tuple], shared: Any = None
+        self, function: Callable[..., Any], tasks: Iterable[tuple[Any, ...]], shared: Any = None
     ) -> Iterator[Any]:
         """`function(inherited, *args)` for each task's args, lazily, in the tasks' order;
         `function(inherited, shared, *args)` where `shared` is given.
@@ -216,7 +216,10 @@ class WorkerPool:
         )
 
     def _replies(
-        self, function: Callable[..., Any], tasks: list[tuple], shared: tuple[int, Any] | None
+        self,
+        function: Callable[..., Any],
+        tasks: list[tuple[Any, ...]],
+        shared: tuple[int, Any] | None,
     ) -> Iterator[Any]:
         busy: dict[int, int] = {}  # worker -> index of its task
         done: dict[int, tuple[bool, Any, str]] = {}
@@ -255,7 +258,7 @@ class WorkerPool:
         self,
         worker: int,
         function: Callable[..., Any],
-        args: tuple,
+        args: tuple[Any, ...],
         shared: tuple[int, Any] | None,
         busy: dict[int, int],
         index: int,
