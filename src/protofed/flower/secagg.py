@@ -42,7 +42,7 @@ from flwr.common import (
 )
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
-from flwr.server.client_manager import ClientManager
+from flwr.server.client_manager import ClientManager, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.compat.legacy_context import LegacyContext
@@ -205,7 +205,10 @@ def secure_sum(
             MAIN_PARAMS_RECORD: ArrayRecord(),
         }
     )
-    context = LegacyContext(Context(0, 0, {}, state, {}), strategy=strategy)
+    manager = SimpleClientManager()  # the round's nodes (Flower logs "sampled n out of n")
+    for proxy in proxies:
+        manager.register(proxy)
+    context = LegacyContext(Context(0, 0, {}, state, {}), strategy=strategy, client_manager=manager)
     workflow = SecAggPlusWorkflow(
         num_shares=1.0,  # every other client of the round holds a share (SecAgg's graph)
         reconstruction_threshold=threshold,
