@@ -22,9 +22,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -229,9 +231,16 @@ class AlpConfig(_Section):
         return v
 
 
+HART_WRITTEN_AWAY_FROM_DEFAULT = {"drop_path": 0.3, "head_dropout": 0.3}
+"""`model.hart` keys added after runs existed: a config dump (config.yaml, a checkpoint's
+fingerprint, a pre-training's state) holds them only away from these defaults, so the runs
+and checkpoints written before them read, compare and resume as they did."""
+
+
 class HartConfig(_Section):
     """The `hart` backbone's attention and MLP (defaults: protofed's; FedAli's official
-    code: head_dim 48, dropouts 0.3, swish; configs/fedali_official.yaml)."""
+    code: head_dim 48, dropouts 0.3, swish; configs/fedali_official.yaml; its pre-trained
+    branch: dropouts 0.1, drop-path 0.1, head dropout 0.5, configs/fedali_official_pretrained.yaml)."""
 
     head_dim: int | None = Field(
         None, ge=1, description="Dimensions per attention head (None: width / heads, 16)."
@@ -246,6 +255,29 @@ class HartConfig(_Section):
     embedding_activation: Literal["relu", "swish", "gelu"] = Field(
         "relu", description="The 1024-unit embedding layer's activation."
     )
+    drop_path: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="Stochastic depth of the last block, rising linearly from 0 at the first "
+        "(official: 0.3 from scratch, 0.1 in the pre-trained branch).",
+    )
+    head_dropout: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="Dropout after the 1024-unit embedding layer (official: 0.3 from scratch, "
+        "0.5 in the pre-trained branch's clients).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _left_out_at_default(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The dump without the keys of `HART_WRITTEN_AWAY_FROM_DEFAULT` at their default."""
+        out: dict[str, Any] = handler(self)
+        for key, default in HART_WRITTEN_AWAY_FROM_DEFAULT.items():
+            if key in out and out[key] == default:
+                del out[key]
+        return out
 
 
 class ModelConfig(_Section):

@@ -46,6 +46,10 @@ OFFICIAL: dict[str, object] = {
     # mae_model.py mlp2: Dense(2d, swish); model.py HART_ALP_GLOBAL: Dense(1024, swish)
     "model.hart.mlp_activation": "swish",
     "model.hart.embedding_activation": "swish",
+    # alp_model.py HART_ALP_globalLocal_encoder: np.linspace(0, dropout_rate * 10, 6) * 0.1
+    "model.hart.drop_path": 0.1,
+    # model.py HART_ALP_GLOBAL: Dropout(dropout_rate = 0.5) after the 1024-unit layer
+    "model.hart.head_dropout": 0.5,
     # main.py: usePersonalPrototype = False (local banks re-initialised from the global ones)
     "algorithm.local_banks": "reset",
     # main.py: influenceFactor = 0.2, 0.0 in round 0 (the FEDALI branch of the round loop)
@@ -69,12 +73,11 @@ OFFICIAL: dict[str, object] = {
 }
 
 GAPS: dict[str, str] = {
-    # model.py HART_ALP_GLOBAL: dropout_rate = 0.5 after the 1024-unit layer (HART_MAE too)
-    "head dropout": "0.5",
-    # alp_model.py HART_ALP_globalLocal_encoder: np.linspace(0, dropout_rate * 10, 6) * 0.1
-    "drop-path": "0 ... 0.1",
-    # Keras' Adam epsilon (tf.keras.optimizers.Adam default) against torch's 1e-8
+    # fed_util.py fedAli_global_Trainer: tf.keras.optimizers.Adam(clientLearningRate), Keras'
+    # default epsilon 1e-7 against torch's 1e-8 (protofed has no train knob for it)
     "epsilon": "1e-7",
+    # mae_model.py DropPath inside SensorWiseMHA and liteFormer: masks per branch
+    "drop-path is one per-sample mask": "independent mask inside each attention",
 }
 
 
@@ -92,7 +95,9 @@ def test_pretrained_preset_matches_the_official_pretrained_branch_key_by_key() -
 def test_pretrained_preset_starts_from_a_checkpoint_and_names_its_gaps() -> None:
     cfg = load_config(PRESET)
     assert cfg.model.init is not None and cfg.model.init.endswith(".safetensors")
-    header = "\n".join(line for line in PRESET.read_text().splitlines() if line.startswith("#"))
+    text = PRESET.read_text().splitlines()
+    lines = [line.lstrip("#").strip() for line in text if line.startswith("#")]
+    header = " ".join(line for line in lines if line)  # the comments' text, one line
     for gap, official in GAPS.items():
         assert gap in header and official in header, gap
     # the paper's selection rule needs every round evaluated
@@ -122,3 +127,26 @@ def test_pretrained_preset_model_builds_and_trains_a_step_on_hhar_shapes() -> No
     loss.backward()
     after = model.state_dict()
     assert any(not torch.equal(after[k], v) for k, v in banks.items())
+
+
+def test_drop_path_and_head_dropout_knobs_reach_the_model_and_default_as_before() -> None:
+    """model.hart.drop_path sets the blocks' stochastic-depth rates (0 ... it), head_dropout
+    the embedding's dropout; at their defaults (0.3, the from-scratch branch's) the model is
+    the one every recorded run used, and the config dump leaves them out (older runs'
+    config.yaml and fingerprints stay as they were)."""
+    from protofed.models import build_model
+
+    default = load_config(None, ["model.name=hart"])
+    assert "drop_path" not in default.to_dict()["model"]["hart"]
+    assert "head_dropout" not in default.to_dict()["model"]["hart"]
+    model = build_model(default.model, (3, 128), 6)
+    rates = [block.drop.p for block in model.features.blocks]  # type: ignore[union-attr]
+    assert rates == pytest.approx([0.0, 0.06, 0.12, 0.18, 0.24, 0.3])
+    assert model.features.dropout.p == 0.3  # type: ignore[union-attr]
+    cfg = load_config(PRESET, ["model.init=null"])
+    dumped = cfg.to_dict()["model"]["hart"]
+    assert dumped["drop_path"] == 0.1 and dumped["head_dropout"] == 0.5
+    model = build_model(cfg.model, (3, 128), 6)
+    rates = [block.drop.p for block in model.features.blocks]  # type: ignore[union-attr]
+    assert rates == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08, 0.1])
+    assert model.features.dropout.p == 0.5  # type: ignore[union-attr]

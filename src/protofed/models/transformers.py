@@ -193,7 +193,7 @@ class HartFeatures(nn.Module):
         else:
             self.proj = nn.Linear(channels * FRAME, DIM)
         self.pos = nn.Parameter(torch.randn(1, tokens, DIM) * 0.02)
-        rates = torch.linspace(0, 0.3, len(alps)).tolist()
+        rates = torch.linspace(0, cfg.drop_path, len(alps)).tolist()
         self.blocks = nn.ModuleList(
             HartBlock(DIM, k, r, alp, cfg)
             for k, r, alp in zip(HART_KERNELS, rates, alps, strict=True)
@@ -262,7 +262,11 @@ class HART(FedModel):
     mean over tokens, a 1024-unit dense layer (ReLU: settled here, the notes do not name it)
     with dropout 0.3 as the embedding, and the classifier head. `model.hart.*` (HartConfig)
     sets the attention heads' width, dropouts and activations (the official code's: 48 per
-    head, 0.3, swish; the defaults keep protofed's 16, none, GELU / ReLU).
+    head, 0.3, swish; the defaults keep protofed's 16, none, GELU / ReLU), the stochastic
+    depth's last rate (`drop_path`) and the embedding's dropout (`head_dropout`), both 0.3
+    as the official code from scratch (its pre-trained branch: 0.1 and 0.5). Stochastic
+    depth draws one per-sample mask for the three concatenated branches (the official code:
+    one inside each attention branch, and a whole lite-branch head across the batch).
     """
 
     def __init__(
@@ -275,7 +279,10 @@ class HART(FedModel):
     ) -> None:
         super().__init__()
         alps = make_alps(alp or AlpConfig(), DIM, BLOCKS)
-        self.features = HartFeatures(channels, time // FRAME, alps, dropout=0.3, hart=hart)
+        cfg = hart or HartConfig()
+        self.features = HartFeatures(
+            channels, time // FRAME, alps, dropout=cfg.head_dropout, hart=hart
+        )
         self.head = nn.Linear(1024, num_classes)
         self.embedding_dim = 1024
 
