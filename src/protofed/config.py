@@ -22,11 +22,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -231,12 +229,6 @@ class AlpConfig(_Section):
         return v
 
 
-HART_WRITTEN_AWAY_FROM_DEFAULT = {"drop_path": 0.3, "head_dropout": 0.3}
-"""`model.hart` keys added after runs existed: a config dump (config.yaml, a checkpoint's
-fingerprint, a pre-training's state) holds them only away from these defaults, so the runs
-and checkpoints written before them read, compare and resume as they did."""
-
-
 class HartConfig(_Section):
     """The `hart` backbone's attention and MLP (defaults: protofed's; FedAli's official
     code: head_dim 48, dropouts 0.3, swish; configs/fedali_official.yaml; its pre-trained
@@ -269,15 +261,6 @@ class HartConfig(_Section):
         description="Dropout after the 1024-unit embedding layer (official: 0.3 from scratch, "
         "0.5 in the pre-trained branch's clients).",
     )
-
-    @model_serializer(mode="wrap")
-    def _left_out_at_default(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The dump without the keys of `HART_WRITTEN_AWAY_FROM_DEFAULT` at their default."""
-        out: dict[str, Any] = handler(self)
-        for key, default in HART_WRITTEN_AWAY_FROM_DEFAULT.items():
-            if key in out and out[key] == default:
-                del out[key]
-        return out
 
 
 class ModelConfig(_Section):

@@ -132,13 +132,15 @@ def test_pretrained_preset_model_builds_and_trains_a_step_on_hhar_shapes() -> No
 def test_drop_path_and_head_dropout_knobs_reach_the_model_and_default_as_before() -> None:
     """model.hart.drop_path sets the blocks' stochastic-depth rates (0 ... it), head_dropout
     the embedding's dropout; at their defaults (0.3, the from-scratch branch's) the model is
-    the one every recorded run used, and the config dump leaves them out (older runs'
-    config.yaml and fingerprints stay as they were)."""
+    the one every recorded run used, and a checkpoint's fingerprint leaves them out (older
+    runs resume as they did: runtime/fingerprint.py's LEFT_OUT_AT_DEFAULT)."""
     from protofed.models import build_model
+    from protofed.runtime.fingerprint import LEFT_OUT_AT_DEFAULT
 
     default = load_config(None, ["model.name=hart"])
-    assert "drop_path" not in default.to_dict()["model"]["hart"]
-    assert "head_dropout" not in default.to_dict()["model"]["hart"]
+    hart = default.to_dict()["model"]["hart"]
+    for key in ("drop_path", "head_dropout"):
+        assert LEFT_OUT_AT_DEFAULT[f"model.hart.{key}"] == hart[key] == 0.3
     model = build_model(default.model, (3, 128), 6)
     rates = [block.drop.p for block in model.features.blocks]  # type: ignore[union-attr]
     assert rates == pytest.approx([0.0, 0.06, 0.12, 0.18, 0.24, 0.3])
