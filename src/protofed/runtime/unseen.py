@@ -22,10 +22,11 @@ import torch
 
 from protofed.config import ExperimentConfig
 from protofed.core.results import UnseenScores
+from protofed.core.seeding import UNSEEN_USERS
 from protofed.core.types import Arrays, Records, clone
 from protofed.data.federated import FederatedData
 from protofed.evaluation import Evaluator, per_segment_scores, summarize
-from protofed.runtime.holdout import UNSEEN_USERS, subset
+from protofed.runtime.holdout import subset
 from protofed.runtime.local import run_fit
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ def finetuned_model(
     """The model unseen `client` would use after `server_round`: with `eval.finetune_epochs`
     E > 0, the algorithm's `fit` (through `run_fit`, E local epochs) on its training split
     from an empty state, on a copy of the message round `server_round` + 1 would send it,
-    then `trained_model` (eval.client_model=trained) or `client_model` with the state that
-    fit left; with E = 0, `client_model` with an empty state. Its streams are its own
+    then the model it holds right after that fit (`trained_model`: a newcomer trains once
+    and is served, no later round brings it a message); with E = 0, `client_model` with an
+    empty state. Its streams are its own
     (`UNSEEN_USERS`, round, client) and the global torch RNG is restored afterwards."""
     epochs = cfg.eval.finetune_epochs
     following = server_round + 1
@@ -73,9 +75,7 @@ def finetuned_model(
             {},
             streams=(UNSEEN_USERS, server_round),
         )
-    if cfg.eval.client_model == "trained":
-        return algorithm.trained_model(message, result)
-    return algorithm.client_model(algorithm.configure(server, client, following), result.state)
+    return algorithm.trained_model(message, result)
 
 
 class UnseenScoring:
