@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         RoundRecord,
         Scores,
         Summary,
+        UnseenScores,
     )
 
 _LAZY = {
@@ -43,6 +44,7 @@ _LAZY = {
             "RoundRecord",
             "Scores",
             "Summary",
+            "UnseenScores",
         ),
         "core.results",
     ),
@@ -104,6 +106,7 @@ __all__ = [
     "Run",
     "Scores",
     "Summary",
+    "UnseenScores",
     "__version__",
     "load_run",
     "pretrain",

@@ -26,7 +26,7 @@ PanelsOption = Annotated[
     typer.Option(
         "--panels",
         help="--plot: the learning curves' panels, a comma list of pers_f1, gen_f1, "
-        "global_f1, train_loss (default: each one recorded).",
+        "global_f1, unseen_f1, train_loss (default: each one recorded).",
     ),
 ]
 BandOption = Annotated[

@@ -61,6 +61,19 @@ def summary_view(summary: dict[str, Any]) -> SummaryView:
             else:
                 cells += [pct(part["acc"]), f"{pct(part['f1'])} ± {pct(part['f1_std'])}"]
         table.add_row(key, *cells)
+    if summary["final"].get("unseen"):  # eval.unseen_clients: held out of training
+        epochs = summary["final"]["unseen"].get("finetune_epochs", 0)
+        for label, key in (
+            (f"unseen (fine-tuned {epochs} ep)", "personalized"),
+            ("unseen global", "global"),
+        ):
+            cells = []
+            for part in (summary["final"]["unseen"].get(key), (sel.get("unseen") or {}).get(key)):
+                if not part:
+                    cells += ["-", "-"]
+                else:
+                    cells += [pct(part["acc"]), f"{pct(part['f1'])} ± {pct(part['f1_std'])}"]
+            table.add_row(label, *cells)
     t, c = summary["time"], summary["comm"]
     cost = (
         f"time {t['total_s']:.1f} s (train {t['train_s']:.1f}, eval {t['eval_s']:.1f}); "

@@ -20,6 +20,9 @@ PRIVACY_CLIENT = 16  # privacy.mode=local: a client's noise, keyed by round and 
 PRIVACY_SERVER = 17  # privacy.mode=central: the server's noise, keyed by round
 AUDIT = 18  # privacy.audit: the canaries' directions and when they take part (privacy/audit.py)
 NATURAL_CLIENTS = 19  # data.num_clients under a natural partition: which groups (data/partition.py)
+UNSEEN_USERS = (
+    31  # eval.unseen_clients: who is held out, and their fine-tuning (runtime/holdout.py)
+)
 
 
 def derive_seed(seed: int, *keys: int) -> int:

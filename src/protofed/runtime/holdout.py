@@ -10,14 +10,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from protofed.config import ExperimentConfig
-from protofed.core.seeding import numpy_generator
+from protofed.core.seeding import UNSEEN_USERS, numpy_generator
 from protofed.data.federated import FederatedData
 from protofed.errors import ConfigError
-
-UNSEEN_USERS = 31
-"""The stream tag of unseen users (core/seeding.py's tags are 10-19; this one lives here):
-which clients are held out, and each fine-tuning's batches and dropout, keyed by round and
-client."""
 
 
 def unseen_count(setting: int | float, num_clients: int) -> int:
