@@ -134,7 +134,7 @@ class Run:
         self.dir.verify_checksums()  # a finished run's summary and metrics, as written
         self.path: Path = self.dir.path
         self._built: tuple[FedModel, Algorithm] | None = None
-        self._checkpoint: dict | None = None
+        self._checkpoint: dict[str, Any] | None = None
         self._fed: FederatedData | None = None
         self._models: dict[int, torch.nn.Module] = {}
 
@@ -245,7 +245,7 @@ class Run:
             self._built = build_model_and_algorithm(cfg, shape, classes, clients, self.device)
         return self._built
 
-    def _state(self) -> dict:
+    def _state(self) -> dict[str, Any]:
         if self._checkpoint is None:
             ckpt = self.dir.load_checkpoint(map_location=self.device, verify=False)
             if ckpt is None:

@@ -212,7 +212,7 @@ def stratified_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
-def _fingerprint(arrays: Arrays, names: Callable[[str], bool] = lambda _: True) -> tuple:
+def _fingerprint(arrays: Arrays, names: Callable[[str], bool] = lambda _: True) -> tuple[Any, ...]:
     """Models that share storage are the same model (only while both are alive: a freed
     tensor's address is reused, so fingerprints are compared among live models only);
     `names` restricts it to some tensors (a model's body)."""
@@ -234,10 +234,10 @@ class _Round:
     model, and the predictions kept by model."""
 
     models: list[Arrays | None]
-    keys: list[tuple]
-    shared: list[tuple | None]
-    counts: Counter
-    predictions: dict[tuple, dict[tuple, Any]]
+    keys: list[tuple[Any, ...]]
+    shared: list[tuple[Any, ...] | None]
+    counts: Counter[Any]
+    predictions: dict[tuple[Any, ...], dict[tuple[Any, ...], Any]]
 
 
 @dataclass
@@ -292,7 +292,7 @@ class Evaluator:
         self.stacked_models = (stacked_models or 1) if plain else 1
         # batch-dependent models: each client's own splits are predicted alone (`_needs`)
         self.own_splits = isinstance(model, FedModel) and model.batch_dependent
-        self._embedded: dict[tuple, torch.Tensor] = {}
+        self._embedded: dict[tuple[Any, ...], torch.Tensor] = {}
         union = len(self.test.y)
         self.gen_size = generalization_size(generalization_samples, union)
         # the sample: its indices into the union, inputs and labels (None: the whole union)
@@ -316,7 +316,7 @@ class Evaluator:
         split: str,
         lo: int = 0,
         hi: int | None = None,
-        body: tuple | None = None,
+        body: tuple[Any, ...] | None = None,
     ) -> np.ndarray:
         """Predictions of `weights` on `split`'s inputs [lo:hi] ("test", "val" or "gen": the
         generalization sample). `body`: the fingerprint of a body other models of this round
@@ -361,7 +361,7 @@ class Evaluator:
         """Client i's model needs the whole split `spec`: it predicts it together with the
         next clients' distinct models that need it too (up to `stacked_models`), and every
         prediction is kept for its model."""
-        group: dict[tuple, Arrays] = {}
+        group: dict[tuple[Any, ...], Arrays] = {}
         for j in range(i, len(r.models)):
             if len(group) == self.stacked_models:
                 break
@@ -383,7 +383,7 @@ class Evaluator:
         `workers` (FedAvg's one global model), each spec is cut into pieces of whole batches
         (`_pieces`), so every worker predicts and the batches, hence the predictions, are
         those of the uncut spec."""
-        jobs: dict[tuple, tuple[Arrays, list[Spec]]] = {}
+        jobs: dict[tuple[Any, ...], tuple[Arrays, list[Spec]]] = {}
         for i in span:
             key, weights = r.keys[i], r.models[i]
             if r.shared[i] is None and key not in r.predictions and weights is not None:
@@ -397,13 +397,15 @@ class Evaluator:
                 r.predictions[key] = dict(zip(jobs[key][1], preds, strict=True))
             return
         tasks: list[tuple[Arrays, list[Spec]]] = []
-        owners: list[tuple[tuple, Spec]] = []  # each task's model and the spec it is a piece of
+        owners: list[
+            tuple[tuple[Any, ...], Spec]
+        ] = []  # each task's model and the spec it is a piece of
         for key, (weights, specs) in jobs.items():
             for spec in specs:
                 for piece in self._pieces(spec, parts):
                     tasks.append((weights, [piece]))
                     owners.append((key, spec))
-        pieces: dict[tuple[tuple, Spec], list[np.ndarray]] = {}
+        pieces: dict[tuple[tuple[Any, ...], Spec], list[np.ndarray]] = {}
         for owner, preds in zip(owners, predict_many(tasks), strict=True):
             pieces.setdefault(owner, []).append(preds[0])
         for (key, spec), parts_of_spec in pieces.items():
@@ -499,7 +501,7 @@ class Evaluator:
     def _predict_round(
         self,
         r: _Round,
-        global_key: tuple | None,
+        global_key: tuple[Any, ...] | None,
         predict_many: PredictMany | None,
         workers: int = 1,
     ) -> _Predicted:
@@ -534,7 +536,7 @@ class Evaluator:
                         self._embedded.pop((body, split), None)
         return out
 
-    def _predict_client(self, i: int, r: _Round) -> tuple[dict[tuple, Any], list[Spec]]:
+    def _predict_client(self, i: int, r: _Round) -> tuple[dict[tuple[Any, ...], Any], list[Spec]]:
         """Client i's model's predictions by spec, with what client i needs of them (computed
         unless its model already made them); the client's weights are released."""
         key, body = r.keys[i], r.shared[i]
@@ -551,7 +553,9 @@ class Evaluator:
                 known[spec] = self.predict_on(weights, *spec, body=body)
         return known, specs
 
-    def _place(self, i: int, known: dict[tuple, Any], specs: list[Spec], out: _Predicted) -> None:
+    def _place(
+        self, i: int, known: dict[tuple[Any, ...], Any], specs: list[Spec], out: _Predicted
+    ) -> None:
         """Client i's share of its model's predictions, put where it is scored: its test and
         validation slices, and its generalization scores (once per model, on the sample)."""
         lo, hi = self.test.bounds[i]

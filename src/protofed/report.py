@@ -174,7 +174,7 @@ def _pct(value: Any) -> float | None:
 
 def run_row(
     path: str | Path, which: str | int = "selected", name: str | None = None, domains: bool = False
-) -> dict:
+) -> dict[str, Any]:
     """One run's row: scores in %, MB and s per round, plus `path` and its flat `config`.
 
     Raises ConfigError for an unreadable summary.json, NotScored when the reported round has
@@ -279,7 +279,7 @@ def group_status(runs: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(f"{k}/{len(runs)} {status}" for status, k in sorted(counts.items()))
 
 
-def _resolved(raw: dict) -> dict:
+def _resolved(raw: dict[str, Any]) -> dict[str, Any]:
     """The run's config with today's defaults filled in, so that a key added to protofed
     after some runs were made (their config.yaml lacks it) does not split their group; the
     file as written if it no longer validates."""
@@ -310,7 +310,7 @@ def collect(
     which: str | int = "selected",
     skipped: list[tuple[Path, str]] | None = None,
     domains: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per finished run under `paths` (see `run_row`). Runs that are unfinished,
     diverged or did not score the reported round are appended to `skipped` with the reason;
     with `skipped` None, any of them is an error. `domains`: also `pers_acc[<domain>]`, the
@@ -347,7 +347,7 @@ class Group:
 
     label: str
     key: dict[str, Any]
-    runs: list[dict] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
     short: str = ""  # the figures' label: see `readable_labels`
 
     @property
@@ -383,7 +383,7 @@ def _strip_seed(name: str) -> str:
     return "/".join([*parts[:-1], last] if last else parts[:-1]) or name
 
 
-def group_runs(rows: list[dict], by: str | Sequence[str] = "auto") -> list[Group]:
+def group_runs(rows: list[dict[str, Any]], by: str | Sequence[str] = "auto") -> list[Group]:
     """Group the runs: "auto" (every config key but the seed and IGNORED_KEYS), "none" (one
     group per run), or a list of config keys. Groups keep the order of their first run; a
     group is labelled by the keys that differ between groups, `key=value, ...`."""
@@ -552,7 +552,7 @@ def n_suffixes(groups: Sequence[Group]) -> list[str]:
     return [f" (n={g.n})" for g in groups]
 
 
-def metric_columns(rows: list[dict]) -> list[str]:
+def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
     """The per-run metric columns present: the fixed ones, the per-domain ones (in the order
     met), then the server metrics (sorted)."""
     domains = list(dict.fromkeys(k for r in rows for k in r if k.startswith("pers_acc[")))
@@ -560,7 +560,7 @@ def metric_columns(rows: list[dict]) -> list[str]:
     return [name for name, _, _ in METRICS] + domains + server
 
 
-def summarize(groups: list[Group]) -> list[dict]:
+def summarize(groups: list[Group]) -> list[dict[str, Any]]:
     """One row per group: label, algorithm, dataset, n, seeds, status, and `<metric>_mean`,
     `<metric>_std` (sample std over the group's runs, ddof = 1) of every metric."""
     all_rows = [r for g in groups for r in g.runs]
@@ -601,11 +601,11 @@ def format_value(value: Any, column: str) -> str:
     return f"{value:.{decimals}f}"
 
 
-def is_grouped(rows: list[dict]) -> bool:
+def is_grouped(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and "group" in rows[0]
 
 
-def shown_metrics(rows: list[dict]) -> list[str]:
+def shown_metrics(rows: list[dict[str, Any]]) -> list[str]:
     """The metric columns of the printed and Markdown tables: those with a value somewhere."""
     grouped = is_grouped(rows)
     base = (
@@ -617,7 +617,9 @@ def shown_metrics(rows: list[dict]) -> list[str]:
     return [c for c in base if any(r.get(key(c)) is not None for r in rows)]
 
 
-def cells(rows: list[dict], only: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
+def cells(
+    rows: list[dict[str, Any]], only: Sequence[str] | None = None
+) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the printed and Markdown tables (the same strings in both): a
     grouped cell is `mean ± std` (std over runs), a per-run cell the run's value. `only`:
     the metric columns to keep (the printed table keeps PRINTED)."""
@@ -647,7 +649,7 @@ def cells(rows: list[dict], only: Sequence[str] | None = None) -> tuple[list[str
     return head, body
 
 
-def note(rows: list[dict], which: str | int = "selected") -> str:
+def note(rows: list[dict[str, Any]], which: str | int = "selected") -> str:
     """What the numbers are: units, the std definition, the reported round."""
     when = f"round {which}" if isinstance(which, int) else f"the {which} round"
     spread = (
@@ -674,7 +676,7 @@ _UNSEEN_NOTE = (
 )
 
 
-def to_markdown(rows: list[dict], which: str | int = "selected") -> str:
+def to_markdown(rows: list[dict[str, Any]], which: str | int = "selected") -> str:
     """The report's table (`cells` of `rows`) as GitHub markdown, as report.md writes it."""
     head, body = cells(rows)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -682,7 +684,7 @@ def to_markdown(rows: list[dict], which: str | int = "selected") -> str:
     return "\n".join(lines) + "\n\n" + note(rows, which) + "\n"
 
 
-def csv_columns(rows: list[dict]) -> list[str]:
+def csv_columns(rows: list[dict[str, Any]]) -> list[str]:
     """CSV columns: grouped, `group, algorithm, dataset, n, seeds, status, <m>_mean, <m>_std`;
     per run, `run, algorithm, dataset, seed, status, <m>`, over every metric (empty ones
     too)."""
@@ -692,7 +694,7 @@ def csv_columns(rows: list[dict]) -> list[str]:
     return ["run", *INFO, *metric_columns(rows)]
 
 
-def to_csv(rows: list[dict]) -> str:
+def to_csv(rows: list[dict[str, Any]]) -> str:
     """The same numbers and units as the tables, with CSV_DECIMALS decimals; empty = missing."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=csv_columns(rows), extrasaction="ignore")

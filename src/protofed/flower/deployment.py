@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ class ClientSideEvaluation:
         or sent malformed counts has rows of -1 (missing)."""
         algorithm = self.prepared.algorithm
         extra = {} if global_model is None else {wire.GLOBAL: wire.to_record(global_model)}
-        cache: dict = {}
+        cache: dict[int, Any] = {}
         contents = {
             cid: self.transport.content(
                 wire.EVALUATE,
@@ -154,7 +155,9 @@ class ClientSideEvaluation:
         )
 
 
-def deploy(cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float) -> tuple[RoundLoop, dict]:
+def deploy(
+    cfg: ExperimentConfig, grid: Grid, nodes: int, wait_s: float
+) -> tuple[RoundLoop, dict[str, Any]]:
     """The server of a deployed federation: no data, the clients present, client-side scores.
 
     Asks the nodes who they are, then builds the server side from their partition headers.

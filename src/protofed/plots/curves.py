@@ -30,7 +30,7 @@ import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -209,7 +209,7 @@ def _styles(groups: Sequence[Group], labels: Mapping[str, str] | None) -> list[t
     return [styles[name] for name in names]
 
 
-def stopped_runs(group: Group) -> list[dict]:
+def stopped_runs(group: Group) -> list[dict[str, Any]]:
     """The group's runs that stopped early: status diverged or incomplete."""
     return [r for r in group.runs if r.get("status", COMPLETE) != COMPLETE]
 
@@ -340,7 +340,7 @@ def _draw_curve(
 
 def _curve_panels(
     groups: Sequence[Group], chosen: Sequence[str] | None = None
-) -> list[tuple[str, str, str, bool, list]]:
+) -> list[tuple[str, str, str, bool, list[Any]]]:
     """The curve panels with data: `chosen` (PANELS names, in that order; one that no run
     recorded is a ConfigError) or every one recorded."""
     cache: dict[str, pd.DataFrame] = {}
@@ -433,7 +433,7 @@ def learning_curves(
         width, height, rows, cols = _panel_grid(len(drawn), len(groups), chosen)
         fig, flat = new_grid(width, height, rows, cols, layout="constrained", style=chosen)
         arrivals = _arrivals(groups)
-        handles: list = []
+        handles: list[Any] = []
         stops: set[str] = set()
         for ax, (column, label, short, score, data) in zip(flat, drawn, strict=False):
             log_scale = column == "train_loss" and all(
@@ -558,7 +558,7 @@ def pers_vs_gen(
         else:
             size = (6.4, 4.8 + 0.22 * len(groups))
         fig, ax = new_figure(*size, layout="constrained", style=chosen)
-        handles: list = []
+        handles: list[Any] = []
         shown: list[str] = []
         colors = [color for color, _ in _styles(groups, labels)]
         stopped = False

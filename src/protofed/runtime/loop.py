@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from protofed.core.results import RoundInfo, RoundRecord, RoundScores, Summary, Traffic
 from protofed.core.seeding import sample_clients
@@ -131,7 +131,7 @@ class RoundLoop:
         self._starting_names = {record: list(arrays) for record, arrays in self.server.items()}
         self.progress = Progress()
         self.history: list[RoundRecord] = []
-        self._fingerprint: dict | None = None
+        self._fingerprint: dict[str, Any] | None = None
         # when the last checkpoint of this session was written, and what writing it took
         self._last_checkpoint: tuple[float, float | None] = (time.perf_counter(), None)
         self.checkpointed_round: int | None = None  # the last this session wrote, if any
@@ -153,7 +153,7 @@ class RoundLoop:
     def per_round(self) -> int:
         return clients_per_round(self.cfg.train, self.num_clients)
 
-    def checkpoint(self) -> dict:
+    def checkpoint(self) -> dict[str, Any]:
         assert self.transport.states is not None, "the transport keeps no client states"
         assert self.run_dir is not None, "a checkpoint belongs to a run directory"
         if self._fingerprint is None:
@@ -179,7 +179,7 @@ class RoundLoop:
             )
         return state
 
-    def restore(self, ckpt: dict) -> None:
+    def restore(self, ckpt: dict[str, Any]) -> None:
         assert self.transport.states is not None, "the transport keeps no client states"
         prog = ckpt["progress"]
         self.progress = Progress(**{k: prog[k] for k in asdict(Progress()) if k in prog})

@@ -100,7 +100,7 @@ def build_summary(
     total_s: float,
     warnings: list[str],
     diverged: str | None = None,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
     privacy: PrivacySummary | None = None,
 ) -> Summary:
     """`diverged`: why the run stopped early (status "diverged"), else None ("complete")."""
