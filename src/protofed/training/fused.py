@@ -50,7 +50,7 @@ _FUSED_UPDATE_FROM = 2**20
 # With `products="weight_major"`, the forward product of a layer from this many weights on runs
 # as `(W X^T)^T`: for harcnn's 1024 x 1664 layer at batch 10 it took 0.60 against F.linear's
 # 1.09 ms on one Intel machine (docs/speed.md); measured per machine, never assumed.
-_WEIGHT_MAJOR_FROM = 2**16
+WEIGHT_MAJOR_FROM = 2**16
 
 Products = Literal["torch", "onednn", "weight_major"]
 
@@ -112,7 +112,7 @@ class Kernels:
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.onednn:
             return onednn_linear(x, w, b)
-        if self.weight_major and w.numel() >= _WEIGHT_MAJOR_FROM:  # the same product
+        if self.weight_major and w.numel() >= WEIGHT_MAJOR_FROM:  # the same product
             out = w @ x.t() if b is None else torch.addmm(b.unsqueeze(1), w, x.t())
             return out.t()
         return F.linear(x, w, b)

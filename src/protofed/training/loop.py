@@ -29,8 +29,8 @@ from torch import nn
 from protofed.config import TrainConfig
 from protofed.nn.linear import Linear, onednn_available, onednn_products
 from protofed.training.fused import (
-    _WEIGHT_MAJOR_FROM,
     TORCH,
+    WEIGHT_MAJOR_FROM,
     Kernels,
     OptimizerStep,
     Plan,
@@ -248,7 +248,7 @@ def candidate_plans(
         return [Plan(steps[0], "onednn" if onednn_forced else "torch")]
     onednn = onednn_available()
     big = layers is not None and any(
-        isinstance(m, nn.Linear) and m.weight.numel() >= _WEIGHT_MAJOR_FROM for m in layers
+        isinstance(m, nn.Linear) and m.weight.numel() >= WEIGHT_MAJOR_FROM for m in layers
     )
     has_linear = any(isinstance(m, Linear) for m in model.modules())
     out = []
