@@ -55,7 +55,7 @@ from protofed.core.seeding import sample_clients
 from protofed.core.types import Reply
 from protofed.errors import ConfigError
 from protofed.runtime import prepare, simulate
-from protofed.runtime.local import stacked_reason
+from protofed.runtime.in_process import stacked_reason
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.prepare import clients_per_round
 

@@ -400,7 +400,7 @@ def test_non_finite_replies_can_be_dropped_and_counted(tmp_path):
 
 def test_the_non_finite_guard_names_the_first_bad_array_and_only_then_scans():
     """One sum per array decides; a total that overflows from finite values is no fault."""
-    from protofed.runtime.guard import nonfinite
+    from protofed.runtime.nonfinite import nonfinite
 
     big = torch.full((4,), 3e38)  # finite, but its float32 sum is inf
     clean = {"model": {"w": torch.randn(5, 3), "b": torch.zeros(3), "n": torch.arange(3)}}

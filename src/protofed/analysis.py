@@ -27,7 +27,7 @@ from protofed.plots.curves import (
     write_figures,
 )
 from protofed.plots.embed import embedding_figure, prototype_figure
-from protofed.plots.partition import partition_figure
+from protofed.plots.heatmap import partition_figure
 from protofed.report import (
     Group,
     PairedComparison,

@@ -995,7 +995,7 @@ def test_the_gate_refuses_a_superlink_off_loopback_in_one_line(tmp_path) -> None
     from typer.testing import CliRunner
 
     from protofed.cli import app as cli
-    from protofed.flower.gate import FleetGate
+    from protofed.flower.fleet_gate import FleetGate
 
     tls = _tls_files(tmp_path)
     with pytest.raises(ConfigError, match="loopback"):

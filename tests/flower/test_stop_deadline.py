@@ -24,7 +24,7 @@ GRACE_S, GIVE_UP_S = 0.5, 2.0
 
 SESSION = """
 import subprocess, sys, time
-from protofed.core.process import claim_for_cli
+from protofed.core.process_owner import claim_for_cli
 from protofed.flower import session
 if {cli}:
     claim_for_cli()

@@ -24,9 +24,9 @@ from protofed.plots.embed import (
     other_clients,
     tsne,
 )
-from protofed.plots.partition import HEATMAP, client_domains, partition_figure
+from protofed.plots.heatmap import HEATMAP, client_domains, partition_figure
 from protofed.runtime import resume, start
-from protofed.runtime.keep import read_kept
+from protofed.runtime.kept_prototypes import read_kept
 
 runner = CliRunner()
 SMALL = [

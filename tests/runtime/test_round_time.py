@@ -10,8 +10,9 @@ import time
 import pytest
 
 from protofed.config import load_config
-from protofed.runtime import guard, prepare, simulate, start
 from protofed.runtime import loop as round_loop
+from protofed.runtime import nonfinite as guard
+from protofed.runtime import prepare, simulate, start
 
 DIGITS = [
     "data.name=digits",

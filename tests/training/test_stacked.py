@@ -358,7 +358,7 @@ def test_the_masked_prototype_distance_is_the_per_client_one(target, reduction, 
 @pytest.mark.integration
 def test_a_round_larger_than_a_group_trains_group_by_group(monkeypatch):
     """A round of more than STACK_GROUP clients trains in groups, each client as alone."""
-    from protofed.runtime import local
+    from protofed.runtime import in_process as local
 
     monkeypatch.setattr(local, "STACK_GROUP", 3)  # 4 clients a round: a group of 3, then 1
     groups: list[int] = []

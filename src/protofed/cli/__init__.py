@@ -14,7 +14,7 @@ import typer
 
 from protofed.cli import catalog, data, figures, flower, report, run, sweep, tune
 from protofed.cli.common import app, console
-from protofed.core.process import claim_for_cli
+from protofed.core.process_owner import claim_for_cli
 
 
 def _print_version(value: bool) -> None:

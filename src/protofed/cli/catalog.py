@@ -176,7 +176,7 @@ def _installed_plugins() -> list[tuple[str, ...]]:
 
 def _algorithms_title(registry: dict[str, type[Algorithm]]) -> str:
     """The algorithms table's title, naming those whose clients can train stacked."""
-    from protofed.runtime.local import unstackable
+    from protofed.runtime.in_process import unstackable
 
     names = ", ".join(name for name, cls in registry.items() if unstackable(cls) is None)
     return f"algorithms (train.stacked trains a round's clients together for: {names or 'none'})"
@@ -246,7 +246,7 @@ def info(
     console.print(f"[bold]{cls.name}[/]: {cls.summary}", highlight=False)
     if cls.reference:
         console.print(f"reference: {cls.reference}", highlight=False)
-    from protofed.runtime.local import unstackable
+    from protofed.runtime.in_process import unstackable
 
     why_not = unstackable(cls)
     stacked = "yes" if why_not is None else f"no: {why_not}"

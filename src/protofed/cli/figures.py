@@ -60,7 +60,7 @@ def partition(
         console.print(fed.counts_table(), highlight=False)
         if plot:
             from protofed.plots import save_figure
-            from protofed.plots.partition import partition_figure
+            from protofed.plots.heatmap import partition_figure
 
             paths = save_figure(partition_figure(fed, title, style=style), out)
             console.print(f"wrote {' and '.join(map(str, paths))}", highlight=False)

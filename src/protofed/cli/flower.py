@@ -72,7 +72,7 @@ def gate(
         from protofed.flower import require_flower
 
         require_flower()
-        from protofed.flower.gate import build_gate, serve_gate, split_address
+        from protofed.flower.fleet_gate import build_gate, serve_gate, split_address
 
         split_address(listen, "--listen")
         app = build_gate(superlink, ssl_certfile, ssl_keyfile, ssl_ca_certfile)

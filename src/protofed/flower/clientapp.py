@@ -59,7 +59,7 @@ from protofed.models.base import FedModel
 from protofed.privacy import released_examples
 from protofed.privacy.central import summand
 from protofed.runtime import Prepared, build_model_and_algorithm, prepare, run_fit
-from protofed.runtime.local import keeps_trained
+from protofed.runtime.in_process import keeps_trained
 from protofed.runtime.prepare import resolve_device
 from protofed.training.client import load_weights
 from protofed.training.loop import predict

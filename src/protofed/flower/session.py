@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from protofed.config import FlowerConfig
-from protofed.core.process import cli_owns_process
+from protofed.core.process_owner import cli_owns_process
 from protofed.flower.transport import STOP
 
 FLOWER_ENV = {
@@ -148,7 +148,7 @@ class StopDeadline:
     session has still not ended `GIVE_UP_S` after the signal (the main thread stuck in
     Ray's shutdown on a loaded machine), every process it started is killed by PID, one
     line says so, and under protofed's command line this process exits with 130 (under
-    the Python API it is the caller's, and goes on: `core/process.py`). Watches in the
+    the Python API it is the caller's, and goes on: `core/process_owner.py`). Watches in the
     main thread's sessions only, where `request_stop` handles the signals. `running()` wraps the simulation; leaving the
     `with` block marks the session's end, once its processes were ended.
     """
@@ -204,7 +204,7 @@ class StopDeadline:
     def _give_up(self) -> None:
         """Kill what the session started (never a process that was there before it), say so
         in one line, and, where protofed's command line owns the process, exit with 130;
-        under the Python API the caller's process goes on (`core/process.py`)."""
+        under the Python API the caller's process goes on (`core/process_owner.py`)."""
         AT_ONCE[0] = True  # Flower's threads log nothing more
         started = [
             p

@@ -34,7 +34,7 @@ from protofed.plots import (
     wrap_text,
 )
 from protofed.runs import PARTITION, reading
-from protofed.runtime.keep import read_kept
+from protofed.runtime.kept_prototypes import read_kept
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -13,7 +13,7 @@ from protofed.core.results import RoundRecord
 from protofed.errors import ConfigError, RunComplete
 from protofed.runs import CHECKPOINT, PARTITION, PARTITION_TXT, RunDir, check_digest, json_text
 from protofed.runtime.fingerprint import check_fingerprint, fingerprint, states_fault
-from protofed.runtime.local import InProcessTransport, PooledTransport
+from protofed.runtime.in_process import InProcessTransport, PooledTransport
 from protofed.runtime.loop import RoundLoop
 from protofed.runtime.parallel import resolve_workers
 from protofed.runtime.prepare import Prepared, clients_per_round, prepare, with_data_root

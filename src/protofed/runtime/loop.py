@@ -26,8 +26,8 @@ from protofed.privacy import Private
 from protofed.privacy.entropy import private_sample
 from protofed.runs import RunDir
 from protofed.runtime.fingerprint import fingerprint, states_fault
-from protofed.runtime.guard import nonfinite
-from protofed.runtime.keep import keep, keeps
+from protofed.runtime.kept_prototypes import keep, keeps
+from protofed.runtime.nonfinite import nonfinite
 from protofed.runtime.prepare import Prepared, clients_per_round
 from protofed.runtime.provenance import begin_session, end_session
 from protofed.runtime.summary import Progress, build_summary, chance_warnings

@@ -27,7 +27,7 @@ from protofed.core.types import Arrays, Records, clone
 from protofed.data.federated import FederatedData
 from protofed.evaluation import Evaluator, per_segment_scores, summarize
 from protofed.runtime.holdout import subset
-from protofed.runtime.local import run_fit
+from protofed.runtime.in_process import run_fit
 
 if TYPE_CHECKING:
     from protofed.algorithms import Algorithm

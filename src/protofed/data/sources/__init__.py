@@ -26,7 +26,7 @@ from protofed import plugins
 from protofed.config import DataConfig
 from protofed.core.files import first_line
 from protofed.data.sources import arrays, fedali_har, har, images, synthetic, wesad
-from protofed.data.sources.files import data_root, recording_reads, require_finite
+from protofed.data.sources.reading import data_root, recording_reads, require_finite
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
 

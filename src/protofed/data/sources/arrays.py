@@ -9,7 +9,7 @@ import numpy as np
 
 from protofed.config import DataConfig
 from protofed.core.files import first_line
-from protofed.data.sources.files import encode, load_npz, note_read, require_finite, resize
+from protofed.data.sources.reading import encode, load_npz, note_read, require_finite, resize
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from protofed.config import DataConfig
 from protofed.data.harmonize import COMBINED_CHANNELS, combined
-from protofed.data.sources.files import as_labels, load_npz, require
+from protofed.data.sources.reading import as_labels, load_npz, require
 from protofed.data.types import Dataset
 from protofed.errors import ConfigError
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from protofed.config import DataConfig
 from protofed.data.harmonize import COMBINED_CHANNELS, HAR_WINDOWS, combined
-from protofed.data.sources.files import (
+from protofed.data.sources.reading import (
     as_labels,
     clean_table,
     data_root,

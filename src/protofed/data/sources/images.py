@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from protofed.config import DataConfig
-from protofed.data.sources.files import (
+from protofed.data.sources.reading import (
     as_labels,
     load_npz,
     require,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protofed.config import DataConfig
-from protofed.data.sources.files import as_labels
+from protofed.data.sources.reading import as_labels
 from protofed.data.types import Dataset
 
 

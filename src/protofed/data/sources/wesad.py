@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protofed.config import DataConfig
-from protofed.data.sources.files import (
+from protofed.data.sources.reading import (
     as_labels,
     clean_table,
     encode,

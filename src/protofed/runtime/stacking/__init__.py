@@ -5,7 +5,7 @@
 client by client): an algorithm opts in with one registration of its round written for all
 clients at once (`register_stacked`, registry.py); the built-in ones are in builtin.py. What
 runs stacked is decided once per run, here (`use_stacked`, from `train.stacked`), and the
-transport is handed the decision (runtime/local.py).
+transport is handed the decision (runtime/in_process.py).
 """
 
 from __future__ import annotations

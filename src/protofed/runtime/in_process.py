@@ -32,7 +32,7 @@ from protofed.core.types import (
 from protofed.data.federated import ClientData
 from protofed.models.base import FedModel
 from protofed.privacy import released_examples
-from protofed.runtime.guard import checked
+from protofed.runtime.nonfinite import checked
 from protofed.runtime.parallel import WorkerPool
 from protofed.runtime.prepare import Prepared
 from protofed.runtime.stacking import adapter_for, stack_reason

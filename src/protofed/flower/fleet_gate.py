@@ -25,7 +25,7 @@ from typing import Any
 
 from protofed.errors import ConfigError
 
-log = logging.getLogger("protofed.flower.gate")
+log = logging.getLogger("protofed.flower.fleet_gate")
 
 FLEET_PATH = re.compile(r"/v1/fleet/[a-z][a-z-]*")
 """The Fleet API's calls (register-node, pull-messages, push-object, ...): all POST."""
