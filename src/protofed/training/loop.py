@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -272,7 +273,11 @@ def plan_for(
     """The plan for this training and, for the autograd-free step, the model's layers."""
     if not _measurable(model, x, train, loss_fn, parameters, after_step):
         return TORCH, None
-    layers = _autograd_free_layers(model, x, train, loss_fn, parameters, after_step)
+    layers = sequential_layers(model)
+    if layers is None:  # only the sequential models' steps are timed (their output: logits)
+        return TORCH, None
+    if train.fused == "false":
+        layers = None
     candidates = candidate_plans(model, layers, train)
     key = {
         "model": model_signature(model),
@@ -298,13 +303,12 @@ def _timed_step(
     twin.train()
     gen = torch.Generator().manual_seed(0)
     xb = torch.randn((train.batch_size, *x.shape[1:]), generator=gen)
-    with torch.no_grad():
-        classes = twin(xb[:1]).shape[-1]
-    yb = torch.randint(classes, (train.batch_size,), generator=gen)
+    layers = sequential_layers(twin)
+    if layers is None:  # plan_for times sequential models only
+        raise RuntimeError("only sequential models' steps are timed")
+    head = cast(nn.Linear, layers[-1])
+    yb = torch.randint(head.out_features, (train.batch_size,), generator=gen)
     if plan.autograd_free:
-        layers = sequential_layers(twin)
-        if layers is None:  # the copy has the original's layers
-            raise RuntimeError("the autograd-free step does not apply to this model")
         kernels = Kernels(plan.products)
         update: SGDInPlace | OptimizerStep = (
             SGDInPlace(kernels, train.lr)
