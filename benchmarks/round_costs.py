@@ -132,14 +132,10 @@ def flops_per_sample(cfg) -> tuple[float, int]:
     # FlopCounterMode does not see oneDNN's fused linear op (protofed.nn.linear), so the
     # count runs the same products on torch's own kernels: FedAli's ALP cosine products and
     # GLUs were missed (483 instead of 728 GFLOP a round on UCI-HAR) while oneDNN was in use
-    onednn, linear.USE_ONEDNN = linear.USE_ONEDNN, False
     counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-    finally:
-        linear.USE_ONEDNN = onednn
+    with linear.onednn_products(False), counter:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
     samples = sum(len(c.train_y) for c in prepared.fed.clients)
     return counter.get_total_flops() / batch, samples * cfg.train.local_epochs
 

@@ -32,6 +32,7 @@ Usage: python benchmarks/speed_optimizers.py [--rounds 3] [--repeats 3] [--data-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -190,7 +191,6 @@ def against(repeats: int = 7, steps: int = 100) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(10, 9, 128, generator=gen), torch.randint(0, 6, (10,), generator=gen)
-    default = protofed.nn.linear.USE_ONEDNN
     recipes = {
         "plain SGD": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.0, weight_decay=0.0),
         "momentum 0.9": TrainConfig(optimizer="sgd", lr=0.005, momentum=0.9, weight_decay=0.0),
@@ -200,8 +200,7 @@ def against(repeats: int = 7, steps: int = 100) -> None:
     def fused(train: TrainConfig, onednn: bool):
         torch.manual_seed(0)
         model = HARCNN(9, 128, 6)
-        layers, kernels = sequential_layers(model), Kernels()
-        kernels.onednn = onednn
+        layers, kernels = sequential_layers(model), Kernels("onednn" if onednn else "torch")
         if plain_sgd(train):
             update = SGDInPlace(kernels, train.lr)
         else:
@@ -214,9 +213,10 @@ def against(repeats: int = 7, steps: int = 100) -> None:
         opt = make_optimizer(model.parameters(), train)
 
         def step():
-            protofed.nn.linear.USE_ONEDNN = onednn  # False: torch's path (MKL)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            on = protofed.nn.linear.onednn_products() if onednn else contextlib.nullcontext()
+            with on:  # without it: torch's path (MKL)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss
@@ -226,22 +226,19 @@ def against(repeats: int = 7, steps: int = 100) -> None:
     print(f"harcnn, batch 10, one thread: ms per step (median of {repeats} x {steps})")
     head = ["fused oneDNN", "fused MKL", "autograd oneDNN", "autograd MKL", "compile MKL"]
     print(f"{'':<14}" + "".join(f"{h:>17}" for h in head))
-    try:
-        for name, train in recipes.items():
-            torch._dynamo.reset()  # each recipe's compile starts afresh (no recompile limit)
-            calls = [
-                fused(train, True),
-                fused(train, False),
-                autograd(train, True),
-                autograd(train, False),
-                autograd(train, False, compiled=True),
-            ]
-            calls[-1]()  # compiles
-            times = _interleaved_ms(calls, repeats, steps, warmup=10)
-            row = "".join(f"{statistics.median(t):>17.2f}" for t in times)
-            print(f"{name:<14}{row}", flush=True)
-    finally:
-        protofed.nn.linear.USE_ONEDNN = default
+    for name, train in recipes.items():
+        torch._dynamo.reset()  # each recipe's compile starts afresh (no recompile limit)
+        calls = [
+            fused(train, True),
+            fused(train, False),
+            autograd(train, True),
+            autograd(train, False),
+            autograd(train, False, compiled=True),
+        ]
+        calls[-1]()  # compiles
+        times = _interleaved_ms(calls, repeats, steps, warmup=10)
+        row = "".join(f"{statistics.median(t):>17.2f}" for t in times)
+        print(f"{name:<14}{row}", flush=True)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protofed.nn import Linear, linear
+from protofed.nn import Linear
 from protofed.nn.linear import POINTWISE, matmul_nt, onednn_applies, onednn_products
 
 # Both kernels (oneDNN needs the op in the torch build).
@@ -89,15 +89,3 @@ def test_torchs_kernel_unless_a_caller_asks_for_onednn(one_thread):
             assert not onednn_applies(x, layer.weight)
         assert onednn_applies(x, layer.weight) == (POINTWISE is not None)
     assert not onednn_applies(x, layer.weight)
-
-
-def test_the_old_switch_is_still_there_and_changes_nothing(one_thread):
-    """Code that saves, sets and restores `USE_ONEDNN` (the old process-wide switch) still runs;
-    the switch is no longer read."""
-    layer, x = Linear(8, 4), torch.randn(5, 8, requires_grad=True)
-    before = linear.USE_ONEDNN
-    linear.USE_ONEDNN = True
-    try:
-        assert not onednn_applies(x, layer.weight)
-    finally:
-        linear.USE_ONEDNN = before

@@ -30,10 +30,6 @@ POINTWISE: Callable[..., torch.Tensor] | None = getattr(
 # (a context variable, so it is per thread and per task, and always restored).
 _ONEDNN: ContextVar[bool] = ContextVar("protofed_onednn_products", default=False)
 
-# Deprecated and no longer read (it was a process-wide switch, flipped at run time): kept so
-# that code which saves, sets and restores it still runs. Use `onednn_products(False)`.
-USE_ONEDNN = False
-
 
 @contextlib.contextmanager
 def onednn_products(on: bool = True) -> Iterator[None]:
