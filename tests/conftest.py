@@ -99,3 +99,13 @@ def _restore_torch_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory) -> None:
+    """The kernels measured by the suite's runs (training/fused.py's cached choice) go to a
+    file of this session, never to the user's cache folder; subprocesses inherit it."""
+    import os
+
+    if "PROTOFED_KERNEL_CACHE" not in os.environ:
+        os.environ["PROTOFED_KERNEL_CACHE"] = str(tmp_path_factory.mktemp("kernels") / "k.json")
