@@ -1,5 +1,5 @@
 # The two commands: `make run` (default experiment, no download) and `make test` (lint: ruff,
-# import layers, mypy over src/ at pyproject's [tool.mypy] strictness; the docs site; then the whole suite).
+# import layers, mypy --strict over src/ (pyproject's [tool.mypy]); the docs site; then the whole suite).
 # `make test-fast`: the same lint, then the suite without the tests marked `integration`.
 PYTHON ?= python3
 VENV := .venv

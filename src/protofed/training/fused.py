@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -335,7 +335,7 @@ def _locked(path: Path | None) -> Iterator[None]:
         yield
 
 
-def _read_cache(path: Path | None) -> dict[str, dict]:
+def _read_cache(path: Path | None) -> dict[str, dict[str, Any]]:
     if path is None:
         return {}
     try:
@@ -345,7 +345,7 @@ def _read_cache(path: Path | None) -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_cache(path: Path | None, key: str, entry: dict) -> None:
+def _write_cache(path: Path | None, key: str, entry: dict[str, Any]) -> None:
     if path is None:
         return
     data = _read_cache(path)
@@ -388,7 +388,7 @@ def fastest(candidates: list[Plan], seconds: dict[str, float]) -> Plan:
 
 
 def choose_plan(
-    key: dict, candidates: list[Plan], make_step: Callable[[Plan], Callable[[], None]]
+    key: dict[str, Any], candidates: list[Plan], make_step: Callable[[Plan], Callable[[], None]]
 ) -> Plan:
     """The plan for the run's shapes (`key`): the one measured fastest on this machine, once
     per machine, torch version and key (cached in `kernel_cache_path()`); the first candidate
@@ -432,7 +432,7 @@ def _cached_plan(entry: object, candidates: list[Plan]) -> Plan | None:
     return plan if plan in candidates else None
 
 
-def model_signature(model: nn.Module) -> list[list]:
+def model_signature(model: nn.Module) -> list[list[Any]]:
     """The model's layers and their parameters' shapes: what the products' shapes follow from."""
     return [
         [type(m).__name__, [list(p.shape) for p in m.parameters(recurse=False)]]

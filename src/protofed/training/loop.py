@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +98,7 @@ def _fusable(params: list[torch.Tensor]) -> bool:
     )
 
 
-def autocast(train: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
+def autocast(train: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The context the forward pass and loss run in: bf16 autocast, or nothing for fp32.
 
     Autocast casts the inputs of matrix products and convolutions to bf16 and keeps the
