@@ -210,7 +210,7 @@ def test_a_folder_made_from_another_spec_is_refused(whole: Path, tmp_path: Path)
 
 @pytest.mark.integration
 def test_a_folder_from_before_a_new_config_key_still_resumes(whole: Path, tmp_path: Path) -> None:
-    """A newer protofed adds config keys (eval.stacked_models, say): the record's digests of
+    """A newer protofed adds config keys (eval.unseen_clients, say): the record's digests of
     an unchanged spec then differ, but each run's config as written, read by this version,
     is the same experiment, so the folder is accepted; a real change is still refused."""
     import shutil
@@ -222,7 +222,7 @@ def test_a_folder_from_before_a_new_config_key_still_resumes(whole: Path, tmp_pa
     record = yaml.safe_load((out / "sweep.yaml").read_text())
     for name in NAMES:  # as an older protofed, without the key, wrote them
         written = yaml.safe_load((out / f"{name}.yaml").read_text())
-        del written["eval"]["stacked_models"]
+        del written["eval"]["unseen_clients"]  # an execution key would not move the digest
         (out / f"{name}.yaml").write_text(yaml.safe_dump(written))
         record["runs"][name]["config_sha256"] = config_digest(written)
     (out / "sweep.yaml").write_text(yaml.safe_dump(record))
