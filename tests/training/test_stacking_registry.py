@@ -52,8 +52,10 @@ def test_no_algorithm_module_imports_the_stacking_code():
 
 
 def test_the_built_in_algorithms_that_train_stacked():
-    """The same set as when each algorithm declared it (`protofed list` names them)."""
-    assert {name for name, cls in ALGORITHMS.items() if stack_reason(cls) is None} == STACKED
+    """The same set as when each algorithm declared it (`protofed list` names them); other
+    tests register algorithms of their own (subclasses inherit an adapter), left out here."""
+    built_in = {n: c for n, c in ALGORITHMS.items() if c.__module__.startswith("protofed.")}
+    assert {name for name, cls in built_in.items() if stack_reason(cls) is None} == STACKED
 
 
 @pytest.mark.parametrize(
